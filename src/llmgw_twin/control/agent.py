@@ -1,0 +1,149 @@
+"""The node agent core: converge the node's shards to the controller's assignment.
+
+Pure: it is told what arrived (an assignment, a sidecar or engine state change, a heartbeat
+timer) and answers with commands for its shell (start a sidecar, start an engine, stop a shard,
+send a report). Its rules:
+
+- a shard's sidecar starts first; its engine starts only once that sidecar is up;
+- a shard the controller no longer wants is stopped, whatever stage it reached;
+- a new shard whose GPUs are still held by a shard being replaced waits until they are free,
+  so no GPU is ever held by two shards on this node;
+- every change of an engine's state is reported at once, and the whole shard set again with
+  every heartbeat, so the controller never waits a heartbeat interval to learn of it;
+- an exited engine stays reported (with its exit code) until the controller drops the shard.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from llmgw_twin.control.model import NodeId, ShardKey, ShardReport, ShardSpec, ShardState
+from llmgw_twin.control.protocol import (
+    AgentCommand,
+    AgentEvent,
+    AgentStep,
+    Assigned,
+    EngineExited,
+    EngineJoined,
+    EngineServing,
+    EngineStarted,
+    Heartbeat,
+    HeartbeatDue,
+    SendReport,
+    SidecarUp,
+    StartEngine,
+    StartSidecar,
+    StopShard,
+)
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # wanted, but its GPUs are not free yet
+    SIDECAR = "sidecar"  # sidecar starting
+    LAUNCHING = "launching"  # sidecar up, engine asked for
+    ENGINE = "engine"  # engine process started
+    RUNNING = "running"
+    SERVING = "serving"
+    EXITED = "exited"
+
+
+_REPORTED = {
+    Phase.ENGINE: ShardState.STARTING,
+    Phase.RUNNING: ShardState.RUNNING,
+    Phase.SERVING: ShardState.SERVING,
+    Phase.EXITED: ShardState.EXITED,
+}
+
+
+@dataclass(slots=True)
+class LocalShard:
+    spec: ShardSpec
+    phase: Phase
+    argv: tuple[str, ...] = ()
+    endpoint: str | None = None
+    exit_code: int | None = None
+
+    def holds_gpus(self) -> bool:
+        return self.phase not in (Phase.WAITING, Phase.EXITED)
+
+
+class AgentCore:
+    def __init__(self, node: NodeId, shards: tuple[LocalShard, ...] = ()) -> None:
+        self.node = node
+        self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
+
+    def shards(self) -> list[LocalShard]:
+        return [self._shards[k] for k in sorted(self._shards)]
+
+    def report(self) -> Heartbeat:
+        reports = tuple(
+            ShardReport(s.spec, _REPORTED[s.phase], s.endpoint, s.exit_code, s.argv)
+            for s in self.shards()
+            if s.phase in _REPORTED
+        )
+        return Heartbeat(self.node, reports)
+
+    def handle(self, event: AgentEvent) -> AgentStep:
+        out: list[AgentCommand] = []
+        changed = False
+        match event:
+            case Assigned(shards=wanted):
+                changed = self._converge(wanted, out)
+            case SidecarUp(key=key):
+                shard = self._shards.get(key)
+                if shard is not None and shard.phase is Phase.SIDECAR:
+                    shard.phase = Phase.LAUNCHING
+                    out.append(StartEngine(shard.spec))
+            case EngineStarted(key=key, argv=argv):
+                changed = self._advance(key, Phase.ENGINE, (Phase.LAUNCHING,))
+                if changed:
+                    self._shards[key].argv = argv
+            case EngineJoined(key=key):
+                changed = self._advance(key, Phase.RUNNING, (Phase.ENGINE,))
+            case EngineServing(key=key, endpoint=endpoint):
+                changed = self._advance(key, Phase.SERVING, (Phase.ENGINE, Phase.RUNNING))
+                if changed:
+                    self._shards[key].endpoint = endpoint
+            case EngineExited(key=key, exit_code=code):
+                shard = self._shards.get(key)
+                if shard is not None and shard.phase is not Phase.EXITED:
+                    shard.phase, shard.endpoint, shard.exit_code = Phase.EXITED, None, code
+                    changed = True
+                    self._start_waiting(out)
+            case HeartbeatDue():
+                changed = True
+        if changed:
+            out.append(SendReport(self.report()))
+        return AgentStep(tuple(out))
+
+    def _advance(self, key: ShardKey, to: Phase, allowed_from: tuple[Phase, ...]) -> bool:
+        shard = self._shards.get(key)
+        if shard is None or shard.phase not in allowed_from:
+            return False  # a late notice for a shard already stopped or exited
+        shard.phase = to
+        return True
+
+    def _converge(self, wanted: tuple[ShardSpec, ...], out: list[AgentCommand]) -> bool:
+        want = {s.key: s for s in wanted}
+        changed = False
+        for key in sorted(self._shards):
+            if key not in want or want[key] != self._shards[key].spec:
+                shard = self._shards.pop(key)
+                if shard.phase is not Phase.WAITING:
+                    out.append(StopShard(key))
+                changed = True
+        for key in sorted(want):
+            if key not in self._shards:
+                self._shards[key] = LocalShard(want[key], Phase.WAITING)
+        self._start_waiting(out)
+        return changed
+
+    def _start_waiting(self, out: list[AgentCommand]) -> None:
+        held = {g for s in self._shards.values() if s.holds_gpus() for g in s.spec.gpus}
+        for key in sorted(self._shards):
+            shard = self._shards[key]
+            if shard.phase is Phase.WAITING and held.isdisjoint(shard.spec.gpus):
+                shard.phase = Phase.SIDECAR
+                held.update(shard.spec.gpus)
+                out.append(StartSidecar(shard.spec))

@@ -1,0 +1,94 @@
+"""Heartbeat bookkeeping: alive -> suspect -> lost, and back to alive on a heartbeat.
+
+A heartbeat is O(1): the tracker keeps the alive nodes and the suspect nodes each in an
+insertion-ordered dict ordered by last heartbeat (a heartbeat moves its node to the end), so the
+nodes whose silence crossed a threshold are always at the front. `expire(now)` pops from the
+front only, so it costs O(nodes that change state), never a scan of the fleet.
+
+Invariant: a node is in exactly one of `_alive`, `_suspect`, `_lost`; within `_alive` and
+`_suspect` the last-seen times are non-decreasing front to back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmgw_twin.control.model import NodeId, NodeState, Timings
+
+
+@dataclass(frozen=True, slots=True)
+class HealthChange:
+    node: NodeId
+    before: NodeState | None  # None: first time seen
+    after: NodeState
+
+
+class HealthTracker:
+    def __init__(self, timings: Timings) -> None:
+        self._suspect_after = timings.node_suspect_after_ms
+        self._lost_after = timings.node_lost_after_ms
+        self._alive: dict[NodeId, int] = {}
+        self._suspect: dict[NodeId, int] = {}
+        self._lost: dict[NodeId, int] = {}
+
+    def state(self, node: NodeId) -> NodeState | None:
+        if node in self._alive:
+            return NodeState.ALIVE
+        if node in self._suspect:
+            return NodeState.SUSPECT
+        if node in self._lost:
+            return NodeState.LOST
+        return None
+
+    def last_seen_ms(self, node: NodeId) -> int | None:
+        for book in (self._alive, self._suspect, self._lost):
+            if node in book:
+                return book[node]
+        return None
+
+    def known(self) -> list[NodeId]:
+        return sorted([*self._alive, *self._suspect, *self._lost])
+
+    def seen(self, node: NodeId, now_ms: int) -> HealthChange | None:
+        """Record a heartbeat; returns the change when the node was not alive before."""
+        before = self.state(node)
+        self._alive.pop(node, None)
+        self._suspect.pop(node, None)
+        self._lost.pop(node, None)
+        self._alive[node] = now_ms
+        if before is NodeState.ALIVE:
+            return None
+        return HealthChange(node, before, NodeState.ALIVE)
+
+    def expire(self, now_ms: int) -> list[HealthChange]:
+        """Move every node whose silence crossed a threshold; alive may go straight to lost."""
+        changes: list[HealthChange] = []
+        while self._alive:
+            node, seen = next(iter(self._alive.items()))
+            if now_ms - seen < self._suspect_after:
+                break
+            del self._alive[node]
+            self._suspect[node] = seen
+            changes.append(HealthChange(node, NodeState.ALIVE, NodeState.SUSPECT))
+        while self._suspect:
+            node, seen = next(iter(self._suspect.items()))
+            if now_ms - seen < self._lost_after:
+                break
+            del self._suspect[node]
+            self._lost[node] = seen
+            changes.append(HealthChange(node, NodeState.SUSPECT, NodeState.LOST))
+        return changes
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time at which `expire` would change something."""
+        deadlines: list[int] = []
+        if self._alive:
+            deadlines.append(next(iter(self._alive.values())) + self._suspect_after)
+        if self._suspect:
+            deadlines.append(next(iter(self._suspect.values())) + self._lost_after)
+        return min(deadlines) if deadlines else None
+
+    def forget(self, node: NodeId) -> None:
+        self._alive.pop(node, None)
+        self._suspect.pop(node, None)
+        self._lost.pop(node, None)

@@ -1,0 +1,166 @@
+"""Messages into and out of the pure cores: what the shells deliver, and what they must carry out.
+
+Controller inputs are `ControllerEvent`s; its outputs are `ControllerCommand`s. Agent inputs are
+`AgentEvent`s; its outputs are `AgentCommand`s. A shell (the SimPy twin, or the asyncio service)
+moves these between processes; the cores never see a socket, a clock or a process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmgw_twin.control.model import (
+    Deployment,
+    NodeId,
+    NodeInfo,
+    Profile,
+    ShardKey,
+    ShardReport,
+    ShardSpec,
+    TraceEvent,
+)
+
+# --- into the controller ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRegistered:
+    """An agent (re)joined; it reports what it is already running."""
+
+    info: NodeInfo
+    shards: tuple[ShardReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """An agent is alive and runs exactly these shards."""
+
+    node: NodeId
+    shards: tuple[ShardReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyProfile:
+    profile: Profile
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyDeployment:
+    """Create or change a deployment; `replicas=0` scales it to nothing."""
+
+    deployment: Deployment
+
+
+ControllerEvent = NodeRegistered | Heartbeat | ApplyProfile | ApplyDeployment
+
+# --- out of the controller -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AssignShards:
+    """The whole set of shards `node` should run. The agent converges to it: starts what is new,
+    stops what is gone. Sending it twice is harmless."""
+
+    node: NodeId
+    shards: tuple[ShardSpec, ...]
+
+
+ControllerCommand = AssignShards
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one call into a core decided: commands to carry out, events for the trace, and when
+    the core wants to be called again (`wake_at_ms`, or None for "only on the next event")."""
+
+    commands: tuple[ControllerCommand, ...] = ()
+    events: tuple[TraceEvent, ...] = ()
+    wake_at_ms: int | None = None
+
+
+# --- into the agent --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    """The controller's desired shard set for this node arrived."""
+
+    shards: tuple[ShardSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarUp:
+    key: ShardKey
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStarted:
+    """The engine process for `key` is running with this argv."""
+
+    key: ShardKey
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineJoined:
+    """A worker joined its leader's rendezvous."""
+
+    key: ShardKey
+
+
+@dataclass(frozen=True, slots=True)
+class EngineServing:
+    """The leader answers on `endpoint`."""
+
+    key: ShardKey
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineExited:
+    key: ShardKey
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatDue:
+    """The agent's heartbeat timer fired."""
+
+
+AgentEvent = (
+    Assigned | SidecarUp | EngineStarted | EngineJoined | EngineServing | EngineExited | HeartbeatDue
+)
+
+# --- out of the agent ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartSidecar:
+    spec: ShardSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StartEngine:
+    spec: ShardSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StopShard:
+    """Stop the shard's engine and sidecar (both, whatever stage it reached)."""
+
+    key: ShardKey
+
+
+@dataclass(frozen=True, slots=True)
+class SendReport:
+    """Send a heartbeat carrying these shard reports to the controller."""
+
+    report: Heartbeat
+
+
+AgentCommand = StartSidecar | StartEngine | StopShard | SendReport
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStep:
+    commands: tuple[AgentCommand, ...] = field(default=())

@@ -1,0 +1,49 @@
+"""Which ready replica serves a request.
+
+The router keeps its own table of routable replicas per model, fed by the controller's event
+stream (`replica.ready` adds a replica with its endpoint; `replica.failed` and `replica.reaped`
+remove it), the way a router process beside the controller would follow it. It picks round-robin
+over the table in replica-id order, so the choice is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    replica: ReplicaId
+    endpoint: str
+
+
+class Router:
+    def __init__(self) -> None:
+        self._table: dict[ModelName, dict[ReplicaId, str]] = {}
+        self._next: dict[ModelName, int] = {}
+
+    def follow(self, event: TraceEvent, endpoint: str | None = None) -> None:
+        """Apply one controller event. `endpoint` is the leader's, for `replica.ready`."""
+        model, replica = event.get("model"), event.get("replica")
+        if not isinstance(model, str) or not isinstance(replica, str):
+            return
+        routes = self._table.setdefault(ModelName(model), {})
+        if event.kind == "replica.ready" and endpoint is not None:
+            routes[ReplicaId(replica)] = endpoint
+        elif event.kind in ("replica.failed", "replica.reaped"):
+            routes.pop(ReplicaId(replica), None)
+
+    def routes(self, model: ModelName) -> list[Route]:
+        table = self._table.get(model, {})
+        return [Route(r, table[r]) for r in sorted(table)]
+
+    def pick(self, model: ModelName) -> Route | None:
+        """The next replica for a request to `model`, or None when none is routable."""
+        routes = self.routes(model)
+        if not routes:
+            return None
+        i = self._next.get(model, 0) % len(routes)
+        self._next[model] = i + 1
+        return routes[i]

@@ -1,0 +1,106 @@
+"""The fault timeline: each fault fires at its instant, is recorded, and changes the world.
+
+Faults act on the world the way the real thing would, never on the controller's memory: a killed
+node just stops (its agent and engines vanish, no more heartbeats), a partition cuts links, an
+engine crash is an exit the agent sees. `set_replicas` is the one operator action: it goes through
+the controller's admin entry point like an API call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llmgw_twin.control.model import Deployment, TraceEvent
+from llmgw_twin.control.protocol import ApplyDeployment, ControllerEvent
+from llmgw_twin.twin.scenario import (
+    FAULT_KEYS,
+    Fault,
+    KillEngine,
+    KillNode,
+    Partition,
+    RestartNode,
+    Scenario,
+    SetReplicas,
+)
+from llmgw_twin.twin.world import World
+
+ENGINE_CRASH_EXIT_CODE = 137
+"""What a killed engine process exits with (128 + SIGKILL)."""
+
+
+class UnsupportedFault(Exception):
+    pass
+
+
+def _action_name(fault: Fault) -> str:
+    for key, cls in FAULT_KEYS.items():
+        if isinstance(fault.action, cls):
+            return key
+    raise AssertionError(fault.action)
+
+
+SUPPORTED = ("kill_node", "restart_node", "set_replicas", "partition", "kill_engine")
+
+
+def schedule_faults(
+    scenario: Scenario,
+    world: World,
+    operator: Callable[[ControllerEvent], None],
+    trace: list[TraceEvent],
+) -> None:
+    """Check every fault is one the twin can inject, then put each on the timeline."""
+    deployments = {d.model: d for d in scenario.deployments}
+    for fault in scenario.faults:
+        name = _action_name(fault)
+        if name not in SUPPORTED:
+            raise UnsupportedFault(
+                f"{scenario.path}:{fault.line}: fault {name} is not supported by the twin yet "
+                f"(supported: {', '.join(SUPPORTED)})"
+            )
+
+    def inject(fault: Fault) -> None:
+        subjects = _subjects(fault)
+        trace.append(TraceEvent.of(world.now, "fault.injected", fault=fault.id, **subjects))
+        match fault.action:
+            case KillNode(node=node):
+                world.nodes[node].kill()
+            case RestartNode(node=node):
+                world.nodes[node].boot()
+            case SetReplicas(model=model, replicas=replicas):
+                dep = deployments[model]
+                deployments[model] = Deployment(dep.model, dep.profile, replicas)
+                operator(ApplyDeployment(deployments[model]))
+            case Partition(nodes=nodes, for_ms=for_ms):
+                for node in nodes:
+                    world.network.cut_from_controller(node)
+                world.later(for_ms, lambda: _heal(world, nodes))
+            case KillEngine(node=node, replica_of=model):
+                sim_node = world.nodes[node]
+                for engine in sim_node.engines_sorted():
+                    if engine.spec.model == model:
+                        sim_node.kill_engine(engine.key, ENGINE_CRASH_EXIT_CODE)
+                        break
+            case _:
+                raise AssertionError(fault.action)
+
+    for fault in scenario.faults:
+        world.later(fault.at_ms, lambda f=fault: inject(f))  # type: ignore[misc]
+
+
+def _heal(world: World, nodes: tuple[str, ...]) -> None:
+    for node in nodes:
+        world.network.rejoin_controller(node)  # type: ignore[arg-type]
+
+
+def _subjects(fault: Fault) -> dict[str, object]:
+    match fault.action:
+        case KillNode(node=node) | RestartNode(node=node):
+            return {"action": _action_name(fault), "node": node}
+        case SetReplicas(model=model, replicas=replicas):
+            return {"action": "set_replicas", "model": model, "replicas": replicas}
+        case Partition(nodes=nodes):
+            return {"action": "partition", "nodes": nodes}
+        case KillEngine(node=node, replica_of=model):
+            return {"action": "kill_engine", "node": node, "model": model}
+        case _:
+            return {"action": _action_name(fault)}

@@ -1,0 +1,207 @@
+"""A scenario after loading: every name checked, every time resolved to integer milliseconds.
+
+`twin.loader` builds these from a YAML file (the format in docs/scenarios.md); the twin runs them.
+Nothing here refers back to YAML except the `line` kept on faults and expectations, so that a
+failing expectation can point at the line it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmgw_twin.control.model import (
+    Deployment,
+    FabricId,
+    ModelName,
+    NodeId,
+    NodeInfo,
+    Profile,
+    ProfileName,
+    Timings,
+)
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KillNode:
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class RestartNode:
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    nodes: tuple[NodeId, ...]
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class KillEngine:
+    node: NodeId
+    replica_of: ModelName
+
+
+@dataclass(frozen=True, slots=True)
+class RestartController:
+    down_for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailGpu:
+    node: NodeId
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class FabricDown:
+    fabric: FabricId
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetReplicas:
+    model: ModelName
+    replicas: int
+
+
+FaultAction = (
+    KillNode
+    | RestartNode
+    | Partition
+    | KillEngine
+    | RestartController
+    | FailGpu
+    | FabricDown
+    | SetReplicas
+)
+
+FAULT_KEYS: dict[str, type] = {
+    "kill_node": KillNode,
+    "restart_node": RestartNode,
+    "partition": Partition,
+    "kill_engine": KillEngine,
+    "restart_controller": RestartController,
+    "fail_gpu": FailGpu,
+    "fabric_down": FabricDown,
+    "set_replicas": SetReplicas,
+}
+"""The YAML key of each fault action."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    at_ms: int
+    action: FaultAction
+    id: str | None = None
+    line: int = 0
+
+
+# --- expectations ----------------------------------------------------------------------------
+
+EVENT_KINDS: tuple[str, ...] = (
+    "fault.injected",
+    "node.joined",
+    "node.suspect",
+    "node.lost",
+    "node.recovered",
+    "replica.placed",
+    "shard.started",
+    "shard.serving",
+    "replica.ready",
+    "replica.failed",
+    "replica.reaped",
+    "replica.unplaceable",
+    "replica.adopted",
+    "controller.started",
+)
+
+EVENT_SUBJECTS: tuple[str, ...] = (
+    "node",
+    "fabric",
+    "model",
+    "replica",
+    "rank",
+    "nodes",
+    "reason",
+    "argv",
+    "fault",
+    "action",
+    "replicas",
+    "adopted",
+)
+"""Subject fields an event may carry, and so the filters an event expectation may use."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventExpectation:
+    """`kind` events matching every filter, inside [start_ms, end_ms] (both inclusive).
+
+    Plain: at least one. `never`: none. `count`: exactly that many.
+    """
+
+    kind: str
+    filters: tuple[tuple[str, str | int], ...]
+    start_ms: int
+    end_ms: int
+    never: bool = False
+    count: int | None = None
+    line: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StateExpectation:
+    """State assertions judged on the controller's view at `at_ms` (after every event at that
+    instant). An absent assertion is None."""
+
+    at_ms: int
+    ready_replicas: tuple[tuple[ModelName, int], ...] | None = None
+    idle_nodes: tuple[NodeId, ...] | None = None
+    node_state: tuple[tuple[NodeId, str], ...] | None = None
+    replicas_in: tuple[tuple[FabricId, int], ...] | None = None
+    line: int = 0
+    text: str = ""
+
+
+Expectation = EventExpectation | StateExpectation
+
+INVARIANTS: tuple[str, ...] = (
+    "single_fabric",
+    "gpu_exclusive",
+    "ready_is_whole",
+    "routes_to_ready",
+    "no_orphans",
+)
+
+
+# --- the scenario ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    path: str
+    name: str
+    duration_ms: int
+    nodes: tuple[NodeInfo, ...]
+    """Every node, in the order the file lists them under `cluster.fabrics`."""
+    fabrics: tuple[tuple[FabricId, tuple[NodeId, ...]], ...]
+    description: str = ""
+    seed: int = 0
+    timings: Timings = field(default_factory=Timings)
+    profiles: tuple[Profile, ...] = ()
+    deployments: tuple[Deployment, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    """Sorted by `at_ms`, ties in file order."""
+    expectations: tuple[Expectation, ...] = ()
+    invariants_off: tuple[tuple[str, str], ...] = ()
+    """Invariant name -> the reason it is off."""
+
+    def profile(self, name: ProfileName) -> Profile:
+        for p in self.profiles:
+            if p.name == name:
+                return p
+        raise KeyError(name)

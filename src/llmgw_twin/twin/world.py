@@ -1,0 +1,277 @@
+"""Simulated nodes: each runs the real agent core, its sidecars, and sim-engine shards, in SimPy.
+
+A `SimNode` is the agent's shell in virtual time. It boots (registers, then heartbeats at a phase
+drawn from the run's seeded random source), turns the agent core's commands into simulated
+processes, and dies with everything on it when killed. A `SimEngine` is the sim engine's model:
+the leader binds its rendezvous point and serves `load_time` after start once every worker has
+joined; a worker joins its leader over the fabric and serves nothing.
+
+`World` owns the clock (SimPy), the network, the nodes, and ground truth for the checkers: which
+engine holds which GPU.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.model import NodeId, NodeInfo, ReplicaId, ShardKey, ShardSpec, Timings
+from llmgw_twin.control.protocol import (
+    AgentEvent,
+    ControllerEvent,
+    EngineExited,
+    EngineJoined,
+    EngineServing,
+    EngineStarted,
+    HeartbeatDue,
+    NodeRegistered,
+    SendReport,
+    SidecarUp,
+    StartEngine,
+    StartSidecar,
+    StopShard,
+)
+from llmgw_twin.engines.base import DEFAULT_HTTP_PORT, LaunchContext
+from llmgw_twin.engines.registry import adapter_for
+from llmgw_twin.twin.network import Network
+
+SIDECAR_START_MS = 100
+"""Time from starting a shard's sidecar to it being up."""
+JOIN_RETRY_MS = 1_000
+"""How often a worker that cannot reach its leader's rendezvous point tries again."""
+
+
+def http_port_for(spec: ShardSpec) -> int:
+    """The twin's agent serves a leader on 8000 + its first GPU: unique on the node."""
+    return DEFAULT_HTTP_PORT + spec.gpus[0]
+
+
+@dataclass(slots=True)
+class SimEngine:
+    """One engine process of one shard."""
+
+    node: SimNode
+    spec: ShardSpec
+    argv: tuple[str, ...]
+    started_ms: int
+    stopped: bool = False
+    loaded: bool = False
+    joined: set[int] = field(default_factory=set)  # leader: worker ranks that joined
+    has_joined: bool = False  # worker: joined its leader
+
+    @property
+    def key(self) -> ShardKey:
+        return self.spec.key
+
+
+class World:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        nodes: tuple[NodeInfo, ...],
+        network: Network,
+        timings: Timings,
+        rng: random.Random,
+        to_controller: Callable[[ControllerEvent], None],
+    ) -> None:
+        self.env = env
+        self.network = network
+        self.timings = timings
+        self.rng = rng
+        self._to_controller = to_controller
+        self.nodes: dict[NodeId, SimNode] = {n.node: SimNode(self, n) for n in nodes}
+        self.gpu_holder: dict[tuple[NodeId, int], ShardKey] = {}
+        self.gpu_violations: list[str] = []
+        self.waiting: dict[ReplicaId, list[SimEngine]] = {}
+        """Workers started before their leader bound its rendezvous point."""
+        self.engine_starts = 0
+
+    @property
+    def now(self) -> int:
+        return int(self.env.now)
+
+    def later(self, delay_ms: int, fn: Callable[[], None]) -> None:
+        """Run `fn` after `delay_ms` of virtual time (a bare timeout: no process per message)."""
+        ev = self.env.timeout(delay_ms)
+        ev.callbacks.append(lambda _ev: fn())
+
+    def send_to_controller(self, node: NodeId, msg: ControllerEvent) -> None:
+        latency = self.network.control_latency_ms(node)
+        if latency is not None:
+            self.later(latency, lambda: self._to_controller(msg))
+
+    def send_to_agent(self, node: NodeId, msg: AgentEvent) -> None:
+        latency = self.network.control_latency_ms(node)
+        if latency is None:
+            return
+        target = self.nodes[node]
+        generation = target.generation
+        self.later(latency, lambda: target.deliver(msg, generation))
+
+    def engines(self) -> list[SimEngine]:
+        return [e for n in self.nodes.values() for e in n.engines_sorted()]
+
+    def engine(self, node: NodeId, key: ShardKey) -> SimEngine | None:
+        return self.nodes[node].engines.get(key)
+
+    # --- GPU ground truth --------------------------------------------------------------------
+
+    def hold_gpus(self, engine: SimEngine) -> None:
+        for g in engine.spec.gpus:
+            slot = (engine.spec.node, g)
+            holder = self.gpu_holder.get(slot)
+            if holder is not None and holder != engine.key:
+                self.gpu_violations.append(
+                    f"t={self.now}ms GPU {g} of {engine.spec.node} held by "
+                    f"{holder.replica}/{holder.rank} and {engine.key.replica}/{engine.key.rank}"
+                )
+            self.gpu_holder[slot] = engine.key
+
+    def free_gpus(self, engine: SimEngine) -> None:
+        for g in engine.spec.gpus:
+            slot = (engine.spec.node, g)
+            if self.gpu_holder.get(slot) == engine.key:
+                del self.gpu_holder[slot]
+
+
+class SimNode:
+    """A node: power, its agent (core plus this shell), and the engines it runs."""
+
+    def __init__(self, world: World, info: NodeInfo) -> None:
+        self.world = world
+        self.info = info
+        self.up = False
+        self.generation = 0  # bumped at every boot and kill: late callbacks check it
+        self.core = AgentCore(info.node)
+        self.engines: dict[ShardKey, SimEngine] = {}
+
+    @property
+    def name(self) -> NodeId:
+        return self.info.node
+
+    def engines_sorted(self) -> list[SimEngine]:
+        return [self.engines[k] for k in sorted(self.engines)]
+
+    def boot(self) -> None:
+        """Power on empty: a fresh agent registers, then heartbeats at a seeded phase."""
+        if self.up:
+            self.kill()
+        self.up = True
+        self.generation += 1
+        self.core = AgentCore(self.name)
+        self.world.send_to_controller(self.name, NodeRegistered(self.info, ()))
+        interval = self.world.timings.heartbeat_interval_ms
+        phase = self.world.rng.randrange(1, interval + 1)
+        self._heartbeat_after(phase, self.generation)
+
+    def _heartbeat_after(self, delay_ms: int, generation: int) -> None:
+        def beat() -> None:
+            if self.up and self.generation == generation:
+                self.deliver(HeartbeatDue(), generation)
+                self._heartbeat_after(self.world.timings.heartbeat_interval_ms, generation)
+
+        self.world.later(delay_ms, beat)
+
+    def kill(self) -> None:
+        """Power off: the agent and every engine on the node are gone at once."""
+        self.up = False
+        self.generation += 1
+        for engine in self.engines_sorted():
+            self._stop_engine(engine)
+        self.engines.clear()
+
+    def deliver(self, event: AgentEvent, generation: int) -> None:
+        if not self.up or generation != self.generation:
+            return  # sent to an agent that has since died
+        for cmd in self.core.handle(event).commands:
+            match cmd:
+                case StartSidecar(spec=spec):
+                    self._start_sidecar(spec)
+                case StartEngine(spec=spec):
+                    self._start_engine(spec)
+                case StopShard(key=key):
+                    engine = self.engines.pop(key, None)
+                    if engine is not None:
+                        self._stop_engine(engine)
+                case SendReport(report=report):
+                    self.world.send_to_controller(self.name, report)
+
+    def _start_sidecar(self, spec: ShardSpec) -> None:
+        generation = self.generation
+        self.world.later(SIDECAR_START_MS, lambda: self.deliver(SidecarUp(spec.key), generation))
+
+    def _start_engine(self, spec: ShardSpec) -> None:
+        ctx = LaunchContext(leader_host=spec.leader, http_port=http_port_for(spec))
+        launch = adapter_for(spec.engine).launch(spec, ctx)
+        engine = SimEngine(self, spec, launch.argv, self.world.now)
+        self.engines[spec.key] = engine
+        self.world.hold_gpus(engine)
+        self.world.engine_starts += 1
+        self.deliver(EngineStarted(spec.key, launch.argv), self.generation)
+        self.world.later(spec.load_time_ms, lambda: self._loaded(engine))
+        if spec.rank == 0:
+            for worker in self.world.waiting.pop(spec.replica, []):
+                worker.node._try_join(worker)
+        else:
+            self._try_join(engine)
+
+    def _stop_engine(self, engine: SimEngine) -> None:
+        engine.stopped = True
+        self.world.free_gpus(engine)
+
+    def _notify(self, engine: SimEngine, event: AgentEvent) -> None:
+        if not engine.stopped:
+            self.deliver(event, self.generation)
+
+    def _loaded(self, engine: SimEngine) -> None:
+        if engine.stopped:
+            return
+        engine.loaded = True
+        self._maybe_up(engine)
+
+    def _maybe_up(self, engine: SimEngine) -> None:
+        spec = engine.spec
+        if spec.rank == 0:
+            if engine.loaded and len(engine.joined) == spec.shard_count - 1:
+                endpoint = f"http://{self.name}:{http_port_for(spec)}"
+                self._notify(engine, EngineServing(spec.key, endpoint))
+        elif engine.loaded and engine.has_joined:
+            self._notify(engine, EngineJoined(spec.key))
+
+    def _try_join(self, engine: SimEngine) -> None:
+        """A worker connects to its leader's rendezvous point over the fabric."""
+        if engine.stopped or engine.has_joined:
+            return
+        spec = engine.spec
+        leader_node = self.world.nodes[spec.leader]
+        leader = leader_node.engines.get(ShardKey(spec.replica, 0))
+        if leader is None or leader.stopped:
+            self.world.waiting.setdefault(spec.replica, []).append(engine)  # until it binds
+            return
+        latency = self.world.network.fabric_latency_ms(self.name, spec.leader)
+        if latency is None:  # no fabric path to the leader: try again later
+            self.world.later(JOIN_RETRY_MS, lambda: self._try_join(engine))
+            return
+
+        def arrive() -> None:
+            if engine.stopped or leader.stopped:
+                self._try_join(engine)
+                return
+            engine.has_joined = True
+            leader.joined.add(spec.rank)
+            leader_node._maybe_up(leader)
+            self._maybe_up(engine)
+
+        self.world.later(latency, arrive)
+
+    def kill_engine(self, key: ShardKey, exit_code: int) -> None:
+        """The engine process dies on its own; the agent notices and reports the exit."""
+        engine = self.engines.pop(key, None)
+        if engine is None:
+            return
+        self._stop_engine(engine)
+        self.deliver(EngineExited(key, exit_code), self.generation)

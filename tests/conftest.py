@@ -1,0 +1,29 @@
+"""Shared builders for literal snapshots of the control core."""
+
+from __future__ import annotations
+
+from llmgw_twin.control.model import (
+    EngineName,
+    FabricId,
+    ModelName,
+    NodeId,
+    NodeInfo,
+    Profile,
+    ProfileName,
+)
+
+
+def node(name: str, fabric: str, gpus: int = 8, engines: tuple[str, ...] = ("sim",)) -> NodeInfo:
+    return NodeInfo(
+        NodeId(name), FabricId(fabric), gpus, 81920, tuple(EngineName(e) for e in engines)
+    )
+
+
+def profile(
+    name: str = "p", nodes: int = 2, gpus: int = 4, engine: str = "sim", load_ms: int = 20_000
+) -> Profile:
+    return Profile(ProfileName(name), EngineName(engine), nodes, gpus, f"/models/{name}", load_ms)
+
+
+def model(name: str) -> ModelName:
+    return ModelName(name)

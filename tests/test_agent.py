@@ -1,0 +1,115 @@
+"""The node agent core on literal snapshots: start order, stops, GPU hand-over, reports."""
+
+from __future__ import annotations
+
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.model import (
+    EngineName,
+    ModelName,
+    NodeId,
+    ProfileName,
+    ReplicaId,
+    ShardSpec,
+    ShardState,
+)
+from llmgw_twin.control.protocol import (
+    Assigned,
+    EngineExited,
+    EngineJoined,
+    EngineServing,
+    EngineStarted,
+    HeartbeatDue,
+    SendReport,
+    SidecarUp,
+    StartEngine,
+    StartSidecar,
+    StopShard,
+)
+
+N = NodeId("n1")
+
+
+def spec(replica: str, rank: int = 0, gpus: tuple[int, ...] = (0, 1)) -> ShardSpec:
+    return ShardSpec(
+        ReplicaId(replica), ModelName("m"), ProfileName("p"), EngineName("sim"), "/m",
+        rank, 2, N, gpus, N,
+    )
+
+
+def states(agent: AgentCore) -> dict[tuple[str, int], ShardState]:
+    return {(r.spec.replica, r.spec.rank): r.state for r in agent.report().shards}
+
+
+def test_sidecar_first_then_engine_then_reports_each_change() -> None:
+    agent = AgentCore(N)
+    a = spec("r1")
+    assert agent.handle(Assigned((a,))).commands == (StartSidecar(a),)
+    assert agent.handle(SidecarUp(a.key)).commands == (StartEngine(a),)
+    step = agent.handle(EngineStarted(a.key, ("eng",)))
+    assert [type(c) for c in step.commands] == [SendReport]
+    assert states(agent) == {("r1", 0): ShardState.STARTING}
+    agent.handle(EngineServing(a.key, "http://n1:8000"))
+    report = agent.report().shards[0]
+    assert (report.state, report.endpoint, report.argv) == (
+        ShardState.SERVING,
+        "http://n1:8000",
+        ("eng",),
+    )
+
+
+def test_engine_never_starts_before_its_sidecar_is_up() -> None:
+    agent = AgentCore(N)
+    a = spec("r1")
+    cmds = agent.handle(Assigned((a,))).commands
+    assert StartEngine(a) not in cmds
+    assert agent.handle(EngineStarted(a.key, ())).commands == ()  # a stray notice is ignored
+    assert agent.report().shards == ()
+
+
+def test_unwanted_shard_is_stopped_and_its_gpus_go_to_the_next_one() -> None:
+    agent = AgentCore(N)
+    old, new = spec("r1", gpus=(0, 1)), spec("r2", gpus=(1, 2))
+    agent.handle(Assigned((old,)))
+    agent.handle(SidecarUp(old.key))
+    agent.handle(EngineStarted(old.key, ()))
+    cmds = agent.handle(Assigned((new,))).commands
+    assert cmds[:2] == (StopShard(old.key), StartSidecar(new))
+
+
+def test_a_shard_waits_while_its_gpus_are_held_by_another_wanted_shard() -> None:
+    agent = AgentCore(N)
+    a, b = spec("r1", gpus=(0,)), spec("r2", gpus=(0,))
+    cmds = agent.handle(Assigned((a, b))).commands
+    assert cmds == (StartSidecar(a),)
+    agent.handle(SidecarUp(a.key))
+    agent.handle(EngineStarted(a.key, ()))
+    cmds = agent.handle(EngineExited(a.key, 1)).commands
+    assert StartSidecar(b) in cmds  # the GPU is free once a's engine is gone
+
+
+def test_exit_is_reported_until_the_controller_drops_the_shard() -> None:
+    agent = AgentCore(N)
+    a = spec("r1", rank=1)
+    agent.handle(Assigned((a,)))
+    agent.handle(SidecarUp(a.key))
+    agent.handle(EngineStarted(a.key, ()))
+    agent.handle(EngineJoined(a.key))
+    assert states(agent) == {("r1", 1): ShardState.RUNNING}
+    agent.handle(EngineExited(a.key, 137))
+    assert agent.report().shards[0].exit_code == 137
+    assert states(agent) == {("r1", 1): ShardState.EXITED}
+    step = agent.handle(Assigned(()))
+    assert StopShard(a.key) in step.commands
+    assert agent.report().shards == ()
+
+
+def test_heartbeat_carries_the_whole_shard_set() -> None:
+    agent = AgentCore(N)
+    a, b = spec("r1", gpus=(0,)), spec("r2", gpus=(1,))
+    agent.handle(Assigned((a, b)))
+    for s in (a, b):
+        agent.handle(SidecarUp(s.key))
+        agent.handle(EngineStarted(s.key, ()))
+    (cmd,) = agent.handle(HeartbeatDue()).commands
+    assert isinstance(cmd, SendReport)
+    assert [r.spec.replica for r in cmd.report.shards] == ["r1", "r2"]
