@@ -31,8 +31,16 @@ N = NodeId("n1")
 
 def spec(replica: str, rank: int = 0, gpus: tuple[int, ...] = (0, 1)) -> ShardSpec:
     return ShardSpec(
-        ReplicaId(replica), ModelName("m"), ProfileName("p"), EngineName("sim"), "/m",
-        rank, 2, N, gpus, N,
+        ReplicaId(replica),
+        ModelName("m"),
+        ProfileName("p"),
+        EngineName("sim"),
+        "/m",
+        rank,
+        2,
+        N,
+        gpus,
+        N,
     )
 
 

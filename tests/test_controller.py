@@ -143,10 +143,12 @@ def test_exited_shard_fails_the_replica() -> None:
     ctl.tick(21_000)
     worker = ctl.replica(ReplicaId("llama-r1")).specs[1]  # type: ignore[union-attr]
     dead = ShardReport(worker, ShardState.EXITED, None, 137, ())
-    ctl.handle(Heartbeat(worker.node, (dead,)), 30_000)
-    step = ctl.tick(31_000)
-    assert kinds(step) == ["replica.failed", "replica.reaped", "replica.placed"]
+    step = ctl.handle(Heartbeat(worker.node, (dead,)), 30_000)
+    # out of service the moment the exit is reported, not at the next tick
+    assert kinds(step) == ["replica.failed", "replica.reaped"]
     assert step.events[0].get("reason") == "shard 1 exited with code 137 on n2"
+    assert ctl.ready_replicas(M) == []
+    assert kinds(ctl.tick(31_000)) == ["replica.placed"]
 
 
 def test_a_shard_that_vanishes_from_its_nodes_report_fails_the_replica() -> None:
@@ -154,18 +156,36 @@ def test_a_shard_that_vanishes_from_its_nodes_report_fails_the_replica() -> None
     ctl.tick(1_000)
     bring_up(ctl, 20_000)
     ctl.tick(21_000)
-    ctl.handle(NodeRegistered(node("n2", "ib-a")), 25_000)  # rebooted, runs nothing
-    step = ctl.tick(26_000)
-    assert kinds(step)[:2] == ["replica.failed", "replica.reaped"]
-    assert step.events[0].get("reason") == "shard 1 vanished from n2"
+    step = ctl.handle(NodeRegistered(node("n2", "ib-a")), 25_000)  # rebooted, runs nothing
+    assert kinds(step) == ["node.joined", "replica.failed", "replica.reaped"]
+    assert step.events[1].get("reason") == "shard 1 vanished from n2"
+
+
+def test_a_ready_replica_whose_leader_stops_serving_leaves_ready_at_once() -> None:
+    ctl = cluster(*FOUR, replicas=1)
+    ctl.tick(1_000)
+    bring_up(ctl, 20_000)
+    ctl.tick(21_000)
+    leader = ctl.replica(ReplicaId("llama-r1")).specs[0]  # type: ignore[union-attr]
+    step = ctl.handle(Heartbeat(leader.node, (report(leader, ShardState.STARTING),)), 30_000)
+    assert kinds(step) == ["replica.failed", "replica.reaped"]
+    assert step.events[0].get("reason") == "shard 0 on n1 went starting"
 
 
 def test_orphan_shards_get_an_assignment_without_them() -> None:
     ctl = cluster(*FOUR, replicas=1)
     ctl.tick(1_000)
     stray = ShardSpec(
-        ReplicaId("old-r9"), M, profile().name, profile().engine, "/m", 0, 1,
-        NodeId("n4"), (0,), NodeId("n4"),
+        ReplicaId("old-r9"),
+        M,
+        profile().name,
+        profile().engine,
+        "/m",
+        0,
+        1,
+        NodeId("n4"),
+        (0,),
+        NodeId("n4"),
     )
     ctl.handle(Heartbeat(NodeId("n4"), (report(stray, ShardState.SERVING),)), 2_000)
     step = ctl.tick(3_000)

@@ -127,9 +127,9 @@ def test_placement_never_spans_fabrics_never_double_books_and_places_whenever_po
         assert isinstance(result, Placement), "a fabric could hold it, yet it was not placed"
         assert len(set(result.nodes)) == n
         assert {fabric_of[x] for x in result.nodes} == {result.fabric}
-        for x, gpus in zip(result.nodes, result.gpus, strict=True):
-            assert len(gpus) == g
-            for gpu in gpus:
+        for x, got in zip(result.nodes, result.gpus, strict=True):
+            assert len(got) == g
+            for gpu in got:
                 assert (x, gpu) not in held
                 held.add((x, gpu))
         book(idx, result)

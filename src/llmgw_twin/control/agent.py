@@ -72,17 +72,22 @@ class AgentCore:
     def __init__(self, node: NodeId, shards: tuple[LocalShard, ...] = ()) -> None:
         self.node = node
         self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
+        self._report: Heartbeat | None = None
 
     def shards(self) -> list[LocalShard]:
         return [self._shards[k] for k in sorted(self._shards)]
 
     def report(self) -> Heartbeat:
-        reports = tuple(
-            ShardReport(s.spec, _REPORTED[s.phase], s.endpoint, s.exit_code, s.argv)
-            for s in self.shards()
-            if s.phase in _REPORTED
-        )
-        return Heartbeat(self.node, reports)
+        """The node's whole shard set; the same object until something changes, so a receiver
+        can tell an unchanged heartbeat at the cost of one comparison."""
+        if self._report is None:
+            reports = tuple(
+                ShardReport(s.spec, _REPORTED[s.phase], s.endpoint, s.exit_code, s.argv)
+                for s in self.shards()
+                if s.phase in _REPORTED
+            )
+            self._report = Heartbeat(self.node, reports)
+        return self._report
 
     def handle(self, event: AgentEvent) -> AgentStep:
         out: list[AgentCommand] = []
@@ -112,8 +117,9 @@ class AgentCore:
                     changed = True
                     self._start_waiting(out)
             case HeartbeatDue():
-                changed = True
+                out.append(SendReport(self.report()))
         if changed:
+            self._report = None
             out.append(SendReport(self.report()))
         return AgentStep(tuple(out))
 

@@ -1,8 +1,9 @@
 """The controller core: `handle(event, now)` and `tick(now)` in, commands and trace events out.
 
-Level-triggered, in the manner of a reconcile loop: `handle` only records what agents report and
-what the operator wants (emitting what it observed: joins, recoveries, shard starts), and marks
-what it touched; `tick` (every reconcile interval) decides from
+Level-triggered, in the manner of a reconcile loop: `handle` records what agents report and what
+the operator wants (emitting what it observed: joins, recoveries, shard starts), takes a replica
+out of service the moment a report shows it lost a shard (an exit, a shard gone from its node's
+report, a shard no longer up), and marks what it touched; `tick` (every reconcile interval) decides from
 observed plus desired state: expires silent nodes, fails and reaps every replica that lost a
 shard, marks whole replicas ready, creates or retires replicas to meet each deployment, places
 pending replicas where a whole replica fits, and tells each touched node its full shard set.
@@ -64,6 +65,11 @@ class Controller:
         self._pending: dict[ReplicaId, None] = {}  # creation order
         self._assigned: dict[NodeId, dict[ShardKey, ShardSpec]] = {}
         self._seq: dict[ModelName, int] = {}
+        self._per_fabric: dict[ModelName, dict[FabricId, int]] = {}
+        self._last_report: dict[NodeId, tuple[ShardReport, ...]] = {}
+        """The last full report per node, until its assignment changes."""
+        self._out_of_sync: set[NodeId] = set()
+        """Nodes whose last report did not match their assignment."""
         # what the next tick must look at
         self._dirty_replicas: set[ReplicaId] = set()
         self._dirty_models: set[ModelName] = set()
@@ -155,7 +161,9 @@ class Controller:
         self._dirty_nodes.clear()
         return self._flush(tuple(commands), wake_at_ms=now_ms + self.timings.reconcile_interval_ms)
 
-    def _flush(self, commands: tuple[ControllerCommand, ...], wake_at_ms: int | None = None) -> Step:
+    def _flush(
+        self, commands: tuple[ControllerCommand, ...], wake_at_ms: int | None = None
+    ) -> Step:
         events, self._events = tuple(self._events), []
         return Step(commands, events, wake_at_ms)
 
@@ -166,6 +174,7 @@ class Controller:
 
     def _register(self, info: NodeInfo, now_ms: int) -> None:
         self._nodes[info.node] = info
+        self._last_report.pop(info.node, None)  # a new agent: judge its report afresh
         self._capacity.add_node(info)
         self._assigned.setdefault(info.node, {})
         self._health.seen(info.node, now_ms)
@@ -195,7 +204,16 @@ class Controller:
                     self._fail(self._replicas[rid], f"node {node} lost", node)
 
     def _observe(self, node: NodeId, shards: tuple[ShardReport, ...]) -> None:
-        """Record a node's full report: every shard it runs, and by omission what it does not."""
+        """Record a node's full report: every shard it runs, and by omission what it does not.
+
+        A report equal to the last one, against an unchanged assignment, changes nothing: the
+        usual heartbeat costs one comparison."""
+        if self._last_report.get(node) == shards:
+            if node in self._out_of_sync:
+                self._dirty_nodes.add(node)
+            return
+        self._last_report[node] = shards
+        self._out_of_sync.discard(node)
         reported: set[ShardKey] = set()
         for report in shards:
             key = report.spec.key
@@ -211,13 +229,12 @@ class Controller:
         wanted = self._assigned.get(node, {})
         if set(wanted) != reported:
             self._dirty_nodes.add(node)
+            self._out_of_sync.add(node)
         for key in sorted(wanted):
             rec = self._replicas[key.replica]
-            if key not in reported and key.rank in rec.reports:
+            if rec.state.live and key not in reported and key.rank in rec.reports:
                 # it ran here and is gone without an exit report: the agent lost it
-                del rec.reports[key.rank]
-                rec.vanished = key.rank
-                self._dirty_replicas.add(rec.id)
+                self._fail(rec, f"shard {key.rank} vanished from {node}", node)
 
     def _record_report(self, rec: ReplicaRecord, rank: int, report: ShardReport) -> None:
         before = rec.reports.get(rank)
@@ -225,6 +242,15 @@ class Controller:
         if before is not None and before.state is report.state:
             return
         spec = rec.specs[rank]
+        if report.state is ShardState.EXITED:
+            # whole no more: out of service in this very step, not at the next tick
+            reason = f"shard {rank} exited with code {report.exit_code} on {spec.node}"
+            self._fail(rec, reason, spec.node)
+            return
+        up = ShardState.SERVING if rank == 0 else ShardState.RUNNING
+        if rec.state is ReplicaState.READY and report.state is not up:
+            self._fail(rec, f"shard {rank} on {spec.node} went {report.state.value}", spec.node)
+            return
         if report.state is ShardState.STARTING:
             self._emit(
                 "shard.started",
@@ -243,16 +269,6 @@ class Controller:
     def _reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self._replicas[rid]
         if not rec.state.live or not rec.placed:
-            return
-        if rec.vanished is not None:
-            node = rec.specs[rec.vanished].node
-            self._fail(rec, f"shard {rec.vanished} vanished from {node}", node)
-            return
-        exited = rec.exited_rank()
-        if exited is not None:
-            node = exited.spec.node
-            code = exited.exit_code
-            self._fail(rec, f"shard {exited.spec.rank} exited with code {code} on {node}", node)
             return
         if rec.state is ReplicaState.PLACED and rec.reports:
             rec.state = ReplicaState.STARTING
@@ -285,10 +301,13 @@ class Controller:
 
     def _reap(self, rec: ReplicaRecord, reason: str) -> None:
         """Drop the replica's shards from every node's assignment and free its GPUs."""
+        if rec.fabric is not None and rec.placed:
+            self._replicas_per_fabric(rec.model)[rec.fabric] -= 1
         rec.state = ReplicaState.REAPED
         rec.endpoint = None
         for spec in rec.specs:
             self._assigned[spec.node].pop(spec.key, None)
+            self._last_report.pop(spec.node, None)
             self._capacity.release(spec.node, spec.gpus)
             self._dirty_nodes.add(spec.node)
         if rec.placed:
@@ -296,7 +315,9 @@ class Controller:
         self._pending.pop(rec.id, None)
         self._by_model.get(rec.model, {}).pop(rec.id, None)
         self._dirty_models.add(rec.model)
-        self._emit("replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason)
+        self._emit(
+            "replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason
+        )
 
     def _reconcile_deployment(self, model: ModelName) -> None:
         dep = self._deployments.get(model)
@@ -329,12 +350,8 @@ class Controller:
         self._capacity_changed = True  # a new replica is a reason to try placing
 
     def _replicas_per_fabric(self, model: ModelName) -> dict[FabricId, int]:
-        counts: dict[FabricId, int] = {}
-        for rid in self._by_model.get(model, {}):
-            fabric = self._replicas[rid].fabric
-            if fabric is not None:
-                counts[fabric] = counts.get(fabric, 0) + 1
-        return counts
+        """Live placed replicas of `model` per fabric (kept up to date by bind and reap)."""
+        return self._per_fabric.setdefault(model, {})
 
     def _place_pending(self) -> None:
         for rid in list(self._pending):
@@ -344,7 +361,9 @@ class Controller:
                 self._bind(rec, result)
             elif result.reason != rec.unplaceable_reason:
                 rec.unplaceable_reason = result.reason
-                self._emit("replica.unplaceable", model=rec.model, replica=rid, reason=result.reason)
+                self._emit(
+                    "replica.unplaceable", model=rec.model, replica=rid, reason=result.reason
+                )
 
     def _bind(self, rec: ReplicaRecord, placement: Placement) -> None:
         profile = rec.profile
@@ -369,9 +388,12 @@ class Controller:
         for spec in specs:
             self._capacity.book(spec.node, spec.gpus)
             self._assigned[spec.node][spec.key] = spec
+            self._last_report.pop(spec.node, None)
             self._dirty_nodes.add(spec.node)
         rec.specs = specs
         rec.fabric = placement.fabric
+        per_fabric = self._replicas_per_fabric(rec.model)
+        per_fabric[placement.fabric] = per_fabric.get(placement.fabric, 0) + 1
         rec.state = ReplicaState.PLACED
         rec.unplaceable_reason = None
         del self._pending[rec.id]

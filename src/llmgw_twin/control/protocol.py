@@ -128,7 +128,13 @@ class HeartbeatDue:
 
 
 AgentEvent = (
-    Assigned | SidecarUp | EngineStarted | EngineJoined | EngineServing | EngineExited | HeartbeatDue
+    Assigned
+    | SidecarUp
+    | EngineStarted
+    | EngineJoined
+    | EngineServing
+    | EngineExited
+    | HeartbeatDue
 )
 
 # --- out of the agent ------------------------------------------------------------------------

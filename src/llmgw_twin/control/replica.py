@@ -39,8 +39,6 @@ class ReplicaRecord:
     """rank -> the latest report from the node that rank was placed on."""
     unplaceable_reason: str | None = None
     endpoint: str | None = None
-    vanished: int | None = None
-    """A rank that was reported and then missing from its node's full report."""
 
     @property
     def shard_count(self) -> int:
@@ -63,9 +61,3 @@ class ReplicaRecord:
             if report.state is not want:
                 return False
         return self.reports[0].endpoint is not None
-
-    def exited_rank(self) -> ShardReport | None:
-        for rank in sorted(self.reports):
-            if self.reports[rank].state is ShardState.EXITED:
-                return self.reports[rank]
-        return None

@@ -8,6 +8,7 @@ over the table in replica-id order, so the choice is deterministic.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
@@ -22,6 +23,7 @@ class Route:
 class Router:
     def __init__(self) -> None:
         self._table: dict[ModelName, dict[ReplicaId, str]] = {}
+        self._order: dict[ModelName, list[ReplicaId]] = {}  # sorted ids: O(log n) upkeep
         self._next: dict[ModelName, int] = {}
 
     def follow(self, event: TraceEvent, endpoint: str | None = None) -> None:
@@ -30,20 +32,25 @@ class Router:
         if not isinstance(model, str) or not isinstance(replica, str):
             return
         routes = self._table.setdefault(ModelName(model), {})
+        order = self._order.setdefault(ModelName(model), [])
+        rid = ReplicaId(replica)
         if event.kind == "replica.ready" and endpoint is not None:
-            routes[ReplicaId(replica)] = endpoint
-        elif event.kind in ("replica.failed", "replica.reaped"):
-            routes.pop(ReplicaId(replica), None)
+            if rid not in routes:
+                bisect.insort(order, rid)
+            routes[rid] = endpoint
+        elif event.kind in ("replica.failed", "replica.reaped") and rid in routes:
+            del routes[rid]
+            del order[bisect.bisect_left(order, rid)]
 
     def routes(self, model: ModelName) -> list[Route]:
         table = self._table.get(model, {})
-        return [Route(r, table[r]) for r in sorted(table)]
+        return [Route(r, table[r]) for r in self._order.get(model, [])]
 
     def pick(self, model: ModelName) -> Route | None:
         """The next replica for a request to `model`, or None when none is routable."""
-        routes = self.routes(model)
-        if not routes:
+        order = self._order.get(model)
+        if not order:
             return None
-        i = self._next.get(model, 0) % len(routes)
+        i = self._next.get(model, 0) % len(order)
         self._next[model] = i + 1
-        return routes[i]
+        return Route(order[i], self._table[model][order[i]])

@@ -36,6 +36,7 @@ class Invariants:
         self.violations: dict[str, list[str]] = {name: [] for name in INVARIANTS}
         self.checks: dict[str, int] = dict.fromkeys(INVARIANTS, 0)
         self._delivered: dict[NodeId, dict[ShardKey, ShardReport]] = {}
+        self._last: dict[NodeId, tuple[ShardReport, ...]] = {}
         self._booked: dict[tuple[NodeId, int], ReplicaId] = {}
         self._slots: dict[ReplicaId, list[tuple[NodeId, int]]] = {}
 
@@ -43,10 +44,15 @@ class Invariants:
         if len(self.violations[name]) < 50:  # enough to debug; a run stays bounded in memory
             self.violations[name].append(f"t={t_ms}ms {message}")
 
-    def delivered(self, msg: Heartbeat | NodeRegistered) -> None:
-        """Record what an agent actually told the controller (ground truth for readiness)."""
+    def delivered(self, msg: Heartbeat | NodeRegistered) -> bool:
+        """Record what an agent actually told the controller (ground truth for readiness);
+        False when it repeats the node's last report word for word."""
         node = msg.node if isinstance(msg, Heartbeat) else msg.info.node
+        if self._last.get(node) == msg.shards and isinstance(msg, Heartbeat):
+            return False
+        self._last[node] = msg.shards
         self._delivered[node] = {r.spec.key: r for r in msg.shards}
+        return True
 
     def after_step(
         self, ctl: Controller, t_ms: int, events: Iterable[TraceEvent], heard: NodeId | None
@@ -131,12 +137,12 @@ class Invariants:
                 self._check_ready(ctl, t_ms, rec)
         self.checks["no_orphans"] += 1
         for engine in self._world.engines():
-            rec = ctl.replica(engine.key.replica)
+            owner = ctl.replica(engine.key.replica)
             wanted = (
-                rec is not None
-                and rec.state.live
-                and engine.key.rank < len(rec.specs)
-                and rec.specs[engine.key.rank].node == engine.spec.node
+                owner is not None
+                and owner.state.live
+                and engine.key.rank < len(owner.specs)
+                and owner.specs[engine.key.rank].node == engine.spec.node
             )
             if not wanted:
                 self._fail(

@@ -21,8 +21,8 @@ from llmgw_twin.control.model import NodeId, TraceEvent
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
-    AssignShards,
     Assigned,
+    AssignShards,
     ControllerEvent,
     Heartbeat,
     NodeRegistered,
@@ -60,8 +60,7 @@ class ControllerShell:
 
     def receive(self, msg: ControllerEvent) -> None:
         heard: NodeId | None = None
-        if isinstance(msg, Heartbeat | NodeRegistered):
-            self.checks.delivered(msg)
+        if isinstance(msg, Heartbeat | NodeRegistered) and self.checks.delivered(msg):
             heard = msg.node if isinstance(msg, Heartbeat) else msg.info.node
         self._apply(self.core.handle(msg, self.world.now), heard)
 
@@ -168,15 +167,15 @@ def run_scenario(scenario: Scenario, seed: int | None = None) -> RunResult:
     outcomes: dict[int, Outcome] = {}
     # Run in segments that end just after each state check's instant: times are whole
     # milliseconds, so running to t+1 processes every event of instant t and none later.
-    checks = sorted(
+    states = sorted(
         (exp.at_ms, i, exp)
         for i, exp in enumerate(scenario.expectations)
         if isinstance(exp, StateExpectation)
     )
-    for at_ms, i, exp in checks:
+    for at_ms, i, state_exp in states:
         if at_ms + 1 > env.now:
             env.run(until=at_ms + 1)
-        outcomes[i] = judge_state(exp, shell.core)
+        outcomes[i] = judge_state(state_exp, shell.core)
     if scenario.duration_ms + 1 > env.now:
         env.run(until=scenario.duration_ms + 1)
     shell.checks.at_end(shell.core, scenario.duration_ms)

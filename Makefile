@@ -1,0 +1,34 @@
+# Two entry points on a fresh machine (Python 3.11+ with venv):
+#   make run   install the project and run the canonical scenario
+#   make test  install the project with its dev tools and run every check CI runs
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/llmgw-twin run scenarios/node-loss.yaml
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/llmgw-twin run -q scenarios/*.yaml
+	$(BIN)/pytest -q
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/fleet.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
