@@ -1,18 +1,18 @@
 """The controller core: `handle(event, now)` and `tick(now)` in, commands and trace events out.
 
-Level-triggered, in the manner of a reconcile loop: `handle` records what agents report and what
+Level-triggered, in the manner of a reconcile loop. `handle` records what agents report and what
 the operator wants (emitting what it observed: joins, recoveries, shard starts), takes a replica
 out of service the moment a report shows it lost a shard (an exit, a shard gone from its node's
-report, a shard no longer up), and marks what it touched; `tick` (every reconcile interval) decides from
-observed plus desired state: expires silent nodes, fails and reaps every replica that lost a
-shard, marks whole replicas ready, creates or retires replicas to meet each deployment, places
-pending replicas where a whole replica fits, and tells each touched node its full shard set.
-Work is proportional to what changed: dirty sets, never a sweep of the fleet.
+report, a shard no longer up), and marks what it touched. `tick` (every reconcile interval)
+decides from observed plus desired state: expires silent nodes, fails and reaps every replica
+that lost a shard, marks whole replicas ready, creates or retires replicas to meet each
+deployment, places pending replicas where a whole replica fits, and tells each touched node its
+full shard set. Work is proportional to what changed: dirty sets, never a sweep of the fleet.
 
 Invariants kept: a replica's shards are all in one fabric (placement never returns otherwise);
-a GPU is booked for at most one live replica; a replica leaves `ready` the moment it loses a
-shard, in the same step that notices; a failed replica is reaped in that same step, its GPUs
-freed and its shards dropped from every node's assignment.
+a GPU is booked for at most one live replica; a replica leaves `ready` the moment the controller
+learns it lost a shard; a failed replica is reaped in that same step, its GPUs freed and its
+shards dropped from every node's assignment.
 """
 
 from __future__ import annotations
