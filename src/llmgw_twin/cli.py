@@ -1,18 +1,23 @@
 """`llmgw-twin`: the command line.
 
     llmgw-twin run FILE... [--json] [--seed N] [--quiet]
+    llmgw-twin sim-engine ...            the runnable sim engine (see `sim-engine --help`)
+    llmgw-twin ctl engine-check ...      check launch flags against an engine's own --help
 
-Exit status: 0 every file passed; 1 an expectation or invariant failed; 2 a file is not a valid
-scenario (or asks for what the twin cannot run), with file, line, column and what is wrong.
+`run` exit status: 0 every file passed; 1 an expectation or invariant failed; 2 a file is not a
+valid scenario (or asks for what the twin cannot run), with file, line, column and what is wrong.
+Subcommands other than `run` live in their own modules and are imported only when used, so the
+twin's start-up does not pay for a web framework.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from llmgw_twin import __version__
 from llmgw_twin.twin.loader import ScenarioError, load_scenario
@@ -21,9 +26,23 @@ from llmgw_twin.twin.runner import UnsupportedScenario, run_scenario
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
+# command words -> module with `add_arguments(parser)` and `main(args) -> int`
+LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("sim-engine",): ("llmgw_twin.engines.sim_server", "run the sim engine (one shard)"),
+    ("ctl", "engine-check"): (
+        "llmgw_twin.engines.check",
+        "check every flag the project can emit against an engine's --help",
+    ),
+}
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llmgw-twin", description=__doc__.split("\n\n")[0])
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw-twin",
+        description="A control plane for LLM replicas on GPU fabrics, and its twin.",
+        epilog="other commands: "
+        + "; ".join(f"{' '.join(words)}: {text}" for words, (_, text) in LAZY_COMMANDS.items()),
+    )
     p.add_argument("--version", action="version", version=f"llmgw-twin {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run scenario files in the twin (virtual time)")
@@ -57,11 +76,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return worst
 
 
+def _lazy(words: tuple[str, ...], rest: Sequence[str]) -> int:
+    module_name, text = LAZY_COMMANDS[words]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog="llmgw-twin " + " ".join(words), description=text)
+    add_arguments: Callable[[argparse.ArgumentParser], None] = module.add_arguments
+    run: Callable[[argparse.Namespace], int] = module.main
+    add_arguments(parser)
+    return run(parser.parse_args(list(rest)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "run":
-        return cmd_run(args)
-    raise AssertionError(args.command)
+    args = list(sys.argv[1:] if argv is None else argv)
+    for words in LAZY_COMMANDS:
+        if tuple(args[: len(words)]) == words:
+            return _lazy(words, args[len(words) :])
+    parsed = _run_parser().parse_args(args)
+    if parsed.command == "run":
+        return cmd_run(parsed)
+    raise AssertionError(parsed.command)
 
 
 if __name__ == "__main__":

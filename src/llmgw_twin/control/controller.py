@@ -379,6 +379,7 @@ class Controller:
                 node=node,
                 gpus=gpus,
                 leader=placement.nodes[0],
+                nodes=placement.nodes,
                 rendezvous_port=RENDEZVOUS_PORT_BASE + placement.gpus[0][0],
                 load_time_ms=profile.load_time_ms,
                 args=profile.args,

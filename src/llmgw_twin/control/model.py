@@ -136,6 +136,9 @@ class ShardSpec:
     node: NodeId
     gpus: tuple[int, ...]
     leader: NodeId
+    nodes: tuple[NodeId, ...] = ()
+    """Every shard's node, by rank (`nodes[0] == leader`): a leader that dials its workers (as
+    llama.cpp's does) needs them all."""
     rendezvous_port: int = RENDEZVOUS_PORT_BASE
     load_time_ms: int = 0
     args: tuple[str, ...] = ()
