@@ -5,8 +5,10 @@ from __future__ import annotations
 from llmgw_twin.control.agent import AgentCore
 from llmgw_twin.control.model import (
     EngineName,
+    FabricId,
     ModelName,
     NodeId,
+    NodeInfo,
     ProfileName,
     ReplicaId,
     ShardSpec,
@@ -19,6 +21,8 @@ from llmgw_twin.control.protocol import (
     EngineServing,
     EngineStarted,
     HeartbeatDue,
+    NodeRegistered,
+    ReportRequested,
     SendReport,
     SidecarUp,
     StartEngine,
@@ -27,6 +31,7 @@ from llmgw_twin.control.protocol import (
 )
 
 N = NodeId("n1")
+INFO = NodeInfo(N, FabricId("f"), 8, 81920, (EngineName("sim"),))
 
 
 def spec(replica: str, rank: int = 0, gpus: tuple[int, ...] = (0, 1)) -> ShardSpec:
@@ -49,7 +54,7 @@ def states(agent: AgentCore) -> dict[tuple[str, int], ShardState]:
 
 
 def test_sidecar_first_then_engine_then_reports_each_change() -> None:
-    agent = AgentCore(N)
+    agent = AgentCore(INFO)
     a = spec("r1")
     assert agent.handle(Assigned((a,))).commands == (StartSidecar(a),)
     assert agent.handle(SidecarUp(a.key)).commands == (StartEngine(a),)
@@ -66,7 +71,7 @@ def test_sidecar_first_then_engine_then_reports_each_change() -> None:
 
 
 def test_engine_never_starts_before_its_sidecar_is_up() -> None:
-    agent = AgentCore(N)
+    agent = AgentCore(INFO)
     a = spec("r1")
     cmds = agent.handle(Assigned((a,))).commands
     assert StartEngine(a) not in cmds
@@ -75,7 +80,7 @@ def test_engine_never_starts_before_its_sidecar_is_up() -> None:
 
 
 def test_unwanted_shard_is_stopped_and_its_gpus_go_to_the_next_one() -> None:
-    agent = AgentCore(N)
+    agent = AgentCore(INFO)
     old, new = spec("r1", gpus=(0, 1)), spec("r2", gpus=(1, 2))
     agent.handle(Assigned((old,)))
     agent.handle(SidecarUp(old.key))
@@ -85,7 +90,7 @@ def test_unwanted_shard_is_stopped_and_its_gpus_go_to_the_next_one() -> None:
 
 
 def test_a_shard_waits_while_its_gpus_are_held_by_another_wanted_shard() -> None:
-    agent = AgentCore(N)
+    agent = AgentCore(INFO)
     a, b = spec("r1", gpus=(0,)), spec("r2", gpus=(0,))
     cmds = agent.handle(Assigned((a, b))).commands
     assert cmds == (StartSidecar(a),)
@@ -96,7 +101,7 @@ def test_a_shard_waits_while_its_gpus_are_held_by_another_wanted_shard() -> None
 
 
 def test_exit_is_reported_until_the_controller_drops_the_shard() -> None:
-    agent = AgentCore(N)
+    agent = AgentCore(INFO)
     a = spec("r1", rank=1)
     agent.handle(Assigned((a,)))
     agent.handle(SidecarUp(a.key))
@@ -112,7 +117,7 @@ def test_exit_is_reported_until_the_controller_drops_the_shard() -> None:
 
 
 def test_heartbeat_carries_the_whole_shard_set() -> None:
-    agent = AgentCore(N)
+    agent = AgentCore(INFO)
     a, b = spec("r1", gpus=(0,)), spec("r2", gpus=(1,))
     agent.handle(Assigned((a, b)))
     for s in (a, b):
@@ -121,3 +126,17 @@ def test_heartbeat_carries_the_whole_shard_set() -> None:
     (cmd,) = agent.handle(HeartbeatDue()).commands
     assert isinstance(cmd, SendReport)
     assert [r.spec.replica for r in cmd.report.shards] == ["r1", "r2"]
+
+
+def test_asked_to_report_it_registers_again_with_everything_it_runs() -> None:
+    agent = AgentCore(INFO, incarnation=3)
+    a = spec("r1")
+    agent.handle(Assigned((a,)))
+    agent.handle(SidecarUp(a.key))
+    agent.handle(EngineStarted(a.key, ("eng",)))
+    (cmd,) = agent.handle(ReportRequested()).commands
+    assert isinstance(cmd, SendReport)
+    reg = cmd.report
+    assert isinstance(reg, NodeRegistered)
+    assert (reg.info, reg.incarnation) == (INFO, 3)
+    assert [(r.spec, r.state) for r in reg.shards] == [(a, ShardState.STARTING)]

@@ -19,7 +19,15 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 
 def test_the_suite_is_not_empty() -> None:
     names = {p.stem for p in SCENARIOS}
-    assert {"node-loss", "replacement-same-fabric", "no-capacity", "scale-up-down"} <= names
+    assert {
+        "node-loss",
+        "replacement-same-fabric",
+        "no-capacity",
+        "scale-up-down",
+        "controller-restart-healthy",
+        "controller-restart-node-died",
+        "controller-restart-mid-failover",
+    } <= names
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -76,3 +84,15 @@ def test_same_trace_across_processes_with_different_hash_seeds() -> None:
         )
         digests.append(json.loads(out.stdout)["trace_sha256"])
     assert digests[0] == digests[1]
+
+
+def test_a_restart_over_a_healthy_fleet_restarts_no_engine_and_routes_within_one_interval() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "controller-restart-healthy.yaml")
+    result = run_scenario(scenario)
+    crash = next(e for e in result.trace if e.kind == "fault.injected")
+    back_ms = crash.t_ms + 30_000
+    # engines started only at the first placement, never again
+    assert all(t < crash.t_ms for t in result.engine_starts_by_ms)
+    adopted = [e for e in result.trace if e.kind == "replica.adopted"]
+    assert len(adopted) == 2 and all(e.get("ready") is True for e in adopted)
+    assert max(e.t_ms for e in adopted) - back_ms <= scenario.timings.reconcile_interval_ms

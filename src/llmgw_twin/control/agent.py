@@ -10,6 +10,7 @@ send a report). Its rules:
   so no GPU is ever held by two shards on this node;
 - every change of an engine's state is reported at once, and the whole shard set again with
   every heartbeat, so the controller never waits a heartbeat interval to learn of it;
+- asked to report (a restarted controller asks), it registers again with everything it runs;
 - an exited engine stays reported (with its exit code) until the controller drops the shard.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from llmgw_twin.control.model import NodeId, ShardKey, ShardReport, ShardSpec, ShardState
+from llmgw_twin.control.model import NodeInfo, ShardKey, ShardReport, ShardSpec, ShardState
 from llmgw_twin.control.protocol import (
     AgentCommand,
     AgentEvent,
@@ -30,6 +31,8 @@ from llmgw_twin.control.protocol import (
     EngineStarted,
     Heartbeat,
     HeartbeatDue,
+    NodeRegistered,
+    ReportRequested,
     SendReport,
     SidecarUp,
     StartEngine,
@@ -69,8 +72,12 @@ class LocalShard:
 
 
 class AgentCore:
-    def __init__(self, node: NodeId, shards: tuple[LocalShard, ...] = ()) -> None:
-        self.node = node
+    def __init__(
+        self, info: NodeInfo, incarnation: int = 0, shards: tuple[LocalShard, ...] = ()
+    ) -> None:
+        self.info = info
+        self.incarnation = incarnation
+        self.node = info.node
         self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
         self._report: Heartbeat | None = None
 
@@ -88,6 +95,10 @@ class AgentCore:
             )
             self._report = Heartbeat(self.node, reports)
         return self._report
+
+    def registration(self) -> NodeRegistered:
+        """What the agent sends when it starts, and whenever the controller asks."""
+        return NodeRegistered(self.info, self.report().shards, self.incarnation)
 
     def handle(self, event: AgentEvent) -> AgentStep:
         out: list[AgentCommand] = []
@@ -118,6 +129,8 @@ class AgentCore:
                     self._start_waiting(out)
             case HeartbeatDue():
                 out.append(SendReport(self.report()))
+            case ReportRequested():
+                out.append(SendReport(self.registration()))
         if changed:
             self._report = None
             out.append(SendReport(self.report()))

@@ -9,6 +9,13 @@ that lost a shard, marks whole replicas ready, creates or retires replicas to me
 deployment, places pending replicas where a whole replica fits, and tells each touched node its
 full shard set. Work is proportional to what changed: dirty sets, never a sweep of the fleet.
 
+A restarted controller starts from its store (`restored`): desired state, node registry and
+where each live replica was placed. It asks every known agent to report at once and adopts a
+replica whose every shard is reported present (no engine restarted, routable again if it was
+serving); a replica short of a shard is failed, reaped and replaced, never ready in between;
+shards no replica claims are stopped. A known node counts as alive from the restart, but nothing
+is placed on it until it is heard from.
+
 Invariants kept: a replica's shards are all in one fabric (placement never returns otherwise);
 a GPU is booked for at most one live replica; a replica leaves `ready` the moment the controller
 learns it lost a shard; a failed replica is reaped in that same step, its GPUs freed and its
@@ -17,11 +24,11 @@ shards dropped from every node's assignment.
 
 from __future__ import annotations
 
+from llmgw_twin.control.durable import DurableState, PutDeployment, PutNode, PutProfile, Write
 from llmgw_twin.control.health import HealthChange, HealthTracker
+from llmgw_twin.control.lifecycle import ReplicaLifecycle
 from llmgw_twin.control.model import (
-    RENDEZVOUS_PORT_BASE,
     Deployment,
-    EngineName,
     FabricId,
     ModelName,
     NodeId,
@@ -38,7 +45,7 @@ from llmgw_twin.control.model import (
     Timings,
     TraceEvent,
 )
-from llmgw_twin.control.placement import CapacityIndex, Placement
+from llmgw_twin.control.placement import CapacityIndex
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
@@ -47,14 +54,16 @@ from llmgw_twin.control.protocol import (
     ControllerEvent,
     Heartbeat,
     NodeRegistered,
+    RequestReport,
     Step,
 )
 from llmgw_twin.control.replica import ReplicaRecord
 
 
-class Controller:
-    def __init__(self, timings: Timings) -> None:
+class Controller(ReplicaLifecycle):
+    def __init__(self, timings: Timings, restored: DurableState | None = None) -> None:
         self.timings = timings
+        self._restored = restored
         self._health = HealthTracker(timings)
         self._capacity = CapacityIndex()
         self._nodes: dict[NodeId, NodeInfo] = {}
@@ -76,6 +85,14 @@ class Controller:
         self._dirty_nodes: set[NodeId] = set()
         self._capacity_changed = False
         self._events: list[TraceEvent] = []
+        self._writes: list[Write] = []
+        self._incarnations: dict[NodeId, int] = {}
+        self._heard_nodes: set[NodeId] = set()
+        """Nodes heard from since this controller started: only these are placed on."""
+        self._adopting: set[ReplicaId] = set()
+        self._started_reported = True  # start() arms the controller.started report
+        self._restored_count = 0
+        self._adopted_count = 0
         self._now = 0
 
     # --- read-only views (for shells, the router and the twin's checkers) ---------------------
@@ -115,36 +132,79 @@ class Controller:
     def handle(self, event: ControllerEvent, now_ms: int) -> Step:
         self._now = now_ms
         match event:
-            case NodeRegistered(info=info, shards=shards):
-                self._register(info, now_ms)
+            case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
+                self._register(info, now_ms, incarnation)
                 self._observe(info.node, shards)
             case Heartbeat(node=node, shards=shards):
                 if node not in self._nodes:
-                    return Step()  # not registered: its registration will follow
-                self._heard(self._health.seen(node, now_ms))
+                    # unknown here (registered while this controller was down, say)
+                    return Step(commands=(RequestReport(node),))
+                self._hear(node, now_ms)
                 self._observe(node, shards)
             case ApplyProfile(profile=profile):
                 self._profiles[profile.name] = profile
+                self._writes.append(PutProfile(profile))
             case ApplyDeployment(deployment=dep):
                 if dep.profile not in self._profiles:
                     raise ValueError(f"deployment {dep.model}: unknown profile {dep.profile}")
                 self._deployments[dep.model] = dep
                 self._by_model.setdefault(dep.model, {})
                 self._dirty_models.add(dep.model)
+                self._writes.append(PutDeployment(dep))
         return self._flush(commands=())
 
     def start(self, now_ms: int) -> Step:
-        """The controller process came up; the first reconcile is one interval later, which
-        gives agents that interval to register before anything is judged unplaceable."""
+        """The controller process came up. It restores what its store holds, asks every known
+        agent to report now, and reconciles first one interval later: agents have that long to
+        register or answer before anything is judged unplaceable or short of a shard."""
         self._now = now_ms
-        self._emit("controller.started", adopted=0)
-        return self._flush((), wake_at_ms=now_ms + self.timings.reconcile_interval_ms)
+        self._started_reported = False
+        commands: list[ControllerCommand] = []
+        if self._restored is not None:
+            self._restore(self._restored, now_ms)
+            commands = [RequestReport(n) for n in sorted(self._nodes)]
+        return self._flush(tuple(commands), wake_at_ms=now_ms + self.timings.reconcile_interval_ms)
+
+    def _restore(self, state: DurableState, now_ms: int) -> None:
+        self._profiles = {p.name: p for p in state.profiles}
+        for dep in state.deployments:
+            self._deployments[dep.model] = dep
+            self._by_model.setdefault(dep.model, {})
+            self._dirty_models.add(dep.model)
+        self._seq = dict(state.seqs)
+        for info in state.nodes:
+            self._nodes[info.node] = info
+            self._capacity.add_node(info)  # not schedulable until heard from
+            self._assigned.setdefault(info.node, {})
+            self._health.seen(info.node, now_ms)  # silence is counted from the restart
+        for row in state.replicas:
+            profile = self._profiles[row.profile]
+            rec = ReplicaRecord(row.id, row.model, profile, row.seq, row.created_ms)
+            rec.state, rec.fabric, rec.specs = ReplicaState.ADOPTING, row.fabric, row.specs
+            self._replicas[rec.id] = rec
+            self._by_model.setdefault(rec.model, {})[rec.id] = None
+            per_fabric = self._replicas_per_fabric(rec.model)
+            per_fabric[row.fabric] = per_fabric.get(row.fabric, 0) + 1
+            for spec in row.specs:
+                self._capacity.book(spec.node, spec.gpus)
+                self._assigned[spec.node][spec.key] = spec
+            self._adopting.add(rec.id)
+        self._restored_count = len(state.replicas)
 
     def tick(self, now_ms: int) -> Step:
         """One reconcile pass over what changed since the last one."""
         self._now = now_ms
         for change in self._health.expire(now_ms):
             self._heard(change)
+        for rid in sorted(self._adopting):
+            self._try_adopt(self._replicas[rid])
+        if not self._started_reported:
+            self._started_reported = True
+            self._emit(
+                "controller.started",
+                adopted=self._adopted_count,
+                restored=self._restored_count,
+            )
         for rid in sorted(self._dirty_replicas):
             self._reconcile_replica(rid)
         self._dirty_replicas.clear()
@@ -165,32 +225,50 @@ class Controller:
         self, commands: tuple[ControllerCommand, ...], wake_at_ms: int | None = None
     ) -> Step:
         events, self._events = tuple(self._events), []
-        return Step(commands, events, wake_at_ms)
+        writes, self._writes = tuple(self._writes), []
+        return Step(commands, events, wake_at_ms, writes)
 
     def _emit(self, kind: str, **subjects: object) -> None:
         self._events.append(TraceEvent.of(self._now, kind, **subjects))
 
     # --- nodes -------------------------------------------------------------------------------
 
-    def _register(self, info: NodeInfo, now_ms: int) -> None:
-        self._nodes[info.node] = info
-        self._last_report.pop(info.node, None)  # a new agent: judge its report afresh
-        self._capacity.add_node(info)
+    def _register(self, info: NodeInfo, now_ms: int, incarnation: int) -> None:
+        known = self._nodes.get(info.node)
+        if known != info:
+            self._writes.append(PutNode(info))
+            self._nodes[info.node] = info
+            self._capacity.add_node(info)
+        # a node never seen, or a new agent process on a node seen before, has joined; a
+        # known node answering a restarted controller has not
+        before = self._incarnations.get(info.node)
+        joined = known is None or (before is not None and before != incarnation)
+        self._incarnations[info.node] = incarnation
+        self._last_report.pop(info.node, None)  # judge its report afresh
         self._assigned.setdefault(info.node, {})
-        self._health.seen(info.node, now_ms)
-        self._emit("node.joined", node=info.node, fabric=info.fabric)
-        self._capacity.set_schedulable(info.node, True)
-        self._capacity_changed = True
+        if joined:
+            self._emit("node.joined", node=info.node, fabric=info.fabric)
+        self._hear(info.node, now_ms, announce=not joined)
         self._dirty_nodes.add(info.node)
 
-    def _heard(self, change: HealthChange | None) -> None:
+    def _hear(self, node: NodeId, now_ms: int, announce: bool = True) -> None:
+        """A node spoke: it is alive, and once heard it may be placed on."""
+        change = self._health.seen(node, now_ms)
+        if node not in self._heard_nodes:
+            self._heard_nodes.add(node)
+            self._capacity.set_schedulable(node, True)
+            self._capacity_changed = True
+        self._heard(change, announce)
+
+    def _heard(self, change: HealthChange | None, announce: bool = True) -> None:
         """Act on a node's health changing."""
         if change is None or change.before is None:
             return
         node, fabric = change.node, self._nodes[change.node].fabric
         match change.after:
             case NodeState.ALIVE:
-                self._emit("node.recovered", node=node, fabric=fabric)
+                if announce:
+                    self._emit("node.recovered", node=node, fabric=fabric)
                 self._capacity.set_schedulable(node, True)
                 self._capacity_changed = True
                 self._dirty_nodes.add(node)
@@ -222,8 +300,8 @@ class Controller:
             if rec is None or not rec.state.live or not rec.placed:
                 self._dirty_nodes.add(node)  # an orphan: the next assignment drops it
                 continue
-            if rec.specs[key.rank].node != node:
-                self._dirty_nodes.add(node)
+            if key.rank >= len(rec.specs) or rec.specs[key.rank] != report.spec:
+                self._dirty_nodes.add(node)  # not the shard this replica placed here
                 continue
             self._record_report(rec, key.rank, report)
         wanted = self._assigned.get(node, {})
@@ -247,6 +325,8 @@ class Controller:
             reason = f"shard {rank} exited with code {report.exit_code} on {spec.node}"
             self._fail(rec, reason, spec.node)
             return
+        if rec.state is ReplicaState.ADOPTING:
+            return  # a shard that was running before the restart: nothing started it now
         up = ShardState.SERVING if rank == 0 else ShardState.RUNNING
         if rec.state is ReplicaState.READY and report.state is not up:
             self._fail(rec, f"shard {rank} on {spec.node} went {report.state.value}", spec.node)
@@ -264,144 +344,30 @@ class Controller:
             self._emit("shard.serving", node=spec.node, model=rec.model, replica=rec.id, rank=rank)
         self._dirty_replicas.add(rec.id)
 
-    # --- replicas ----------------------------------------------------------------------------
+    # --- adoption ----------------------------------------------------------------------------
 
-    def _reconcile_replica(self, rid: ReplicaId) -> None:
-        rec = self._replicas[rid]
-        if not rec.state.live or not rec.placed:
-            return
-        if rec.state is ReplicaState.PLACED and rec.reports:
-            rec.state = ReplicaState.STARTING
-        if rec.state is not ReplicaState.READY and rec.whole():
-            rec.state = ReplicaState.READY
-            rec.endpoint = rec.reports[0].endpoint
-            self._emit(
-                "replica.ready",
-                model=rec.model,
-                replica=rec.id,
-                fabric=rec.fabric,
-                nodes=rec.nodes,
-            )
-
-    def _fail(self, rec: ReplicaRecord, reason: str, node: NodeId | None) -> None:
-        """Fail a replica that is whole no more, and reap it in the same step."""
+    def _try_adopt(self, rec: ReplicaRecord) -> None:
+        """Decide a restored replica once every node it was placed on has spoken."""
         if not rec.state.live:
+            self._adopting.discard(rec.id)
             return
-        rec.state = ReplicaState.FAILED
-        rec.endpoint = None
+        if any(spec.node not in self._heard_nodes for spec in rec.specs):
+            return  # wait: an unheard node is declared lost after its silence, failing this
+        self._adopting.discard(rec.id)
+        missing = [s for s in rec.specs if s.rank not in rec.reports]
+        if missing or len(rec.specs) != rec.profile.nodes:
+            where = ", ".join(f"{s.rank} on {s.node}" for s in missing)
+            node = missing[0].node if missing else None
+            self._fail(rec, f"short of shard {where} after restart", node)
+            return
+        rec.state = ReplicaState.READY if rec.whole() else ReplicaState.STARTING
+        rec.endpoint = rec.reports[0].endpoint if rec.state is ReplicaState.READY else None
+        self._adopted_count += 1
         self._emit(
-            "replica.failed",
+            "replica.adopted",
             model=rec.model,
             replica=rec.id,
             fabric=rec.fabric,
-            node=node,
-            reason=reason,
-        )
-        self._reap(rec, reason)
-
-    def _reap(self, rec: ReplicaRecord, reason: str) -> None:
-        """Drop the replica's shards from every node's assignment and free its GPUs."""
-        if rec.fabric is not None and rec.placed:
-            self._replicas_per_fabric(rec.model)[rec.fabric] -= 1
-        rec.state = ReplicaState.REAPED
-        rec.endpoint = None
-        for spec in rec.specs:
-            self._assigned[spec.node].pop(spec.key, None)
-            self._last_report.pop(spec.node, None)
-            self._capacity.release(spec.node, spec.gpus)
-            self._dirty_nodes.add(spec.node)
-        if rec.placed:
-            self._capacity_changed = True
-        self._pending.pop(rec.id, None)
-        self._by_model.get(rec.model, {}).pop(rec.id, None)
-        self._dirty_models.add(rec.model)
-        self._emit(
-            "replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason
-        )
-
-    def _reconcile_deployment(self, model: ModelName) -> None:
-        dep = self._deployments.get(model)
-        want = dep.replicas if dep is not None else 0
-        live = self._by_model.get(model, {})
-        while len(live) < want and dep is not None:
-            self._new_replica(dep)
-        while len(live) > want:
-            # retire the least useful one at a time: not ready before ready, then from the
-            # fabric holding the most replicas of this model, then the newest
-            per_fabric = self._replicas_per_fabric(model)
-            victim = min(
-                (self._replicas[r] for r in live),
-                key=lambda r: (
-                    r.state is ReplicaState.READY,
-                    -per_fabric.get(r.fabric, 0) if r.fabric is not None else 0,
-                    -r.seq,
-                ),
-            )
-            self._reap(victim, "scaled down")
-
-    def _new_replica(self, dep: Deployment) -> None:
-        seq = self._seq.get(dep.model, 0) + 1
-        self._seq[dep.model] = seq
-        rid = ReplicaId(f"{dep.model}-r{seq}")
-        rec = ReplicaRecord(rid, dep.model, self._profiles[dep.profile], seq, self._now)
-        self._replicas[rid] = rec
-        self._by_model[dep.model][rid] = None
-        self._pending[rid] = None
-        self._capacity_changed = True  # a new replica is a reason to try placing
-
-    def _replicas_per_fabric(self, model: ModelName) -> dict[FabricId, int]:
-        """Live placed replicas of `model` per fabric (kept up to date by bind and reap)."""
-        return self._per_fabric.setdefault(model, {})
-
-    def _place_pending(self) -> None:
-        for rid in list(self._pending):
-            rec = self._replicas[rid]
-            result = self._capacity.place(rec.profile, self._replicas_per_fabric(rec.model))
-            if isinstance(result, Placement):
-                self._bind(rec, result)
-            elif result.reason != rec.unplaceable_reason:
-                rec.unplaceable_reason = result.reason
-                self._emit(
-                    "replica.unplaceable", model=rec.model, replica=rid, reason=result.reason
-                )
-
-    def _bind(self, rec: ReplicaRecord, placement: Placement) -> None:
-        profile = rec.profile
-        specs = tuple(
-            ShardSpec(
-                replica=rec.id,
-                model=rec.model,
-                profile=profile.name,
-                engine=EngineName(profile.engine),
-                model_path=profile.model,
-                rank=rank,
-                shard_count=profile.nodes,
-                node=node,
-                gpus=gpus,
-                leader=placement.nodes[0],
-                nodes=placement.nodes,
-                rendezvous_port=RENDEZVOUS_PORT_BASE + placement.gpus[0][0],
-                load_time_ms=profile.load_time_ms,
-                args=profile.args,
-            )
-            for rank, (node, gpus) in enumerate(zip(placement.nodes, placement.gpus, strict=True))
-        )
-        for spec in specs:
-            self._capacity.book(spec.node, spec.gpus)
-            self._assigned[spec.node][spec.key] = spec
-            self._last_report.pop(spec.node, None)
-            self._dirty_nodes.add(spec.node)
-        rec.specs = specs
-        rec.fabric = placement.fabric
-        per_fabric = self._replicas_per_fabric(rec.model)
-        per_fabric[placement.fabric] = per_fabric.get(placement.fabric, 0) + 1
-        rec.state = ReplicaState.PLACED
-        rec.unplaceable_reason = None
-        del self._pending[rec.id]
-        self._emit(
-            "replica.placed",
-            model=rec.model,
-            replica=rec.id,
-            fabric=placement.fabric,
-            nodes=placement.nodes,
+            nodes=rec.nodes,
+            ready=rec.state is ReplicaState.READY,
         )

@@ -37,6 +37,7 @@ class ReplicaState(enum.StrEnum):
     """A replica's lifecycle. `failed` and `reaped` are terminal; a replacement is a new replica."""
 
     PENDING = "pending"  # wanted, not placed (nothing fits yet)
+    ADOPTING = "adopting"  # restored after a restart, waiting for its agents' reports
     PLACED = "placed"  # nodes and GPUs booked, shards assigned to agents
     STARTING = "starting"  # at least one shard reported by its agent
     READY = "ready"  # every shard running, the leader serving with an endpoint

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmgw_twin.control.durable import Write
 from llmgw_twin.control.model import (
     Deployment,
     NodeId,
@@ -25,10 +26,13 @@ from llmgw_twin.control.model import (
 
 @dataclass(frozen=True, slots=True)
 class NodeRegistered:
-    """An agent (re)joined; it reports what it is already running."""
+    """An agent (re)joined, or answered a report request; it reports what it already runs.
+    `incarnation` changes each time the agent process starts (a boot counter or start time), so
+    the controller can tell a rebooted node from one that merely registered again."""
 
     info: NodeInfo
     shards: tuple[ShardReport, ...] = ()
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,17 +69,27 @@ class AssignShards:
     shards: tuple[ShardSpec, ...]
 
 
-ControllerCommand = AssignShards
+@dataclass(frozen=True, slots=True)
+class RequestReport:
+    """Ask an agent to (re)register now with everything it runs: a restarted controller does
+    this to every node it knows, and to any node whose heartbeat it cannot place."""
+
+    node: NodeId
+
+
+ControllerCommand = AssignShards | RequestReport
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """What one call into a core decided: commands to carry out, events for the trace, and when
-    the core wants to be called again (`wake_at_ms`, or None for "only on the next event")."""
+    """What one call into the controller decided: commands to carry out, events for the trace,
+    when it wants to be called again (`wake_at_ms`, or None for "only on the next event"), and
+    the durable writes the shell must commit, in one transaction, before any command goes out."""
 
     commands: tuple[ControllerCommand, ...] = ()
     events: tuple[TraceEvent, ...] = ()
     wake_at_ms: int | None = None
+    writes: tuple[Write, ...] = ()
 
 
 # --- into the agent --------------------------------------------------------------------------
@@ -127,6 +141,11 @@ class HeartbeatDue:
     """The agent's heartbeat timer fired."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReportRequested:
+    """The controller asked for a full registration now."""
+
+
 AgentEvent = (
     Assigned
     | SidecarUp
@@ -135,6 +154,7 @@ AgentEvent = (
     | EngineServing
     | EngineExited
     | HeartbeatDue
+    | ReportRequested
 )
 
 # --- out of the agent ------------------------------------------------------------------------
@@ -159,9 +179,9 @@ class StopShard:
 
 @dataclass(frozen=True, slots=True)
 class SendReport:
-    """Send a heartbeat carrying these shard reports to the controller."""
+    """Send this heartbeat or registration, with the node's whole shard set, to the controller."""
 
-    report: Heartbeat
+    report: Heartbeat | NodeRegistered
 
 
 AgentCommand = StartSidecar | StartEngine | StopShard | SendReport

@@ -1,8 +1,9 @@
 """Which ready replica serves a request.
 
 The router keeps its own table of routable replicas per model, fed by the controller's event
-stream (`replica.ready` adds a replica with its endpoint; `replica.failed` and `replica.reaped`
-remove it), the way a router process beside the controller would follow it. It picks round-robin
+stream (`replica.ready`, and `replica.adopted` of a serving replica, add one with its endpoint;
+`replica.failed` and `replica.reaped` remove it), the way a router process beside the controller
+would follow it. It picks round-robin
 over the table in replica-id order, so the choice is deterministic.
 """
 
@@ -34,7 +35,7 @@ class Router:
         routes = self._table.setdefault(ModelName(model), {})
         order = self._order.setdefault(ModelName(model), [])
         rid = ReplicaId(replica)
-        if event.kind == "replica.ready" and endpoint is not None:
+        if event.kind in ("replica.ready", "replica.adopted") and endpoint is not None:
             if rid not in routes:
                 bisect.insort(order, rid)
             routes[rid] = endpoint

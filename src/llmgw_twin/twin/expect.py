@@ -24,12 +24,19 @@ class Outcome:
     message: str
 
 
+def _text(value: object) -> str:
+    """A subject as a scenario file writes it: booleans in YAML's spelling."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def matches(ev: TraceEvent, exp: EventExpectation) -> bool:
     if ev.kind != exp.kind:
         return False
     for key, want in exp.filters:
         got = ev.get(key)
-        if got is None or str(got) != str(want):
+        if got is None or _text(got) != _text(want):
             return False
     return True
 

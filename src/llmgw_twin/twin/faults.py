@@ -2,22 +2,23 @@
 
 Faults act on the world the way the real thing would, never on the controller's memory: a killed
 node just stops (its agent and engines vanish, no more heartbeats), a partition cuts links, an
-engine crash is an exit the agent sees. `set_replicas` is the one operator action: it goes through
-the controller's admin entry point like an API call.
+engine crash is an exit the agent sees, a controller restart kills the controller process (its
+store survives). `set_replicas` is the one operator action: it goes through the controller's
+admin entry point like an API call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from llmgw_twin.control.model import Deployment, TraceEvent
-from llmgw_twin.control.protocol import ApplyDeployment, ControllerEvent
+from llmgw_twin.control.protocol import ApplyDeployment
+from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
     Fault,
     KillEngine,
     KillNode,
     Partition,
+    RestartController,
     RestartNode,
     Scenario,
     SetReplicas,
@@ -39,13 +40,20 @@ def _action_name(fault: Fault) -> str:
     raise AssertionError(fault.action)
 
 
-SUPPORTED = ("kill_node", "restart_node", "set_replicas", "partition", "kill_engine")
+SUPPORTED = (
+    "kill_node",
+    "restart_node",
+    "set_replicas",
+    "partition",
+    "kill_engine",
+    "restart_controller",
+)
 
 
 def schedule_faults(
     scenario: Scenario,
     world: World,
-    operator: Callable[[ControllerEvent], None],
+    controller: ControllerShell,
     trace: list[TraceEvent],
 ) -> None:
     """Check every fault is one the twin can inject, then put each on the timeline."""
@@ -69,11 +77,14 @@ def schedule_faults(
             case SetReplicas(model=model, replicas=replicas):
                 dep = deployments[model]
                 deployments[model] = Deployment(dep.model, dep.profile, replicas)
-                operator(ApplyDeployment(deployments[model]))
+                controller.operator(ApplyDeployment(deployments[model]))
             case Partition(nodes=nodes, for_ms=for_ms):
                 for node in nodes:
                     world.network.cut_from_controller(node)
                 world.later(for_ms, lambda: _heal(world, nodes))
+            case RestartController(down_for_ms=down_for_ms):
+                controller.crash()
+                world.later(down_for_ms, controller.restart)
             case KillEngine(node=node, replica_of=model):
                 sim_node = world.nodes[node]
                 for engine in sim_node.engines_sorted():
@@ -102,5 +113,7 @@ def _subjects(fault: Fault) -> dict[str, object]:
             return {"action": "partition", "nodes": nodes}
         case KillEngine(node=node, replica_of=model):
             return {"action": "kill_engine", "node": node, "model": model}
+        case RestartController(down_for_ms=down_for_ms):
+            return {"action": "restart_controller", "down_for_ms": down_for_ms}
         case _:
             return {"action": _action_name(fault)}

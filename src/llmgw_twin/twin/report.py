@@ -15,7 +15,7 @@ from llmgw_twin.twin.runner import RunResult
 from llmgw_twin.twin.units import fmt_ms
 
 _ORDER = ("fault", "action", "node", "nodes", "fabric", "model", "replica", "rank", "replicas")
-_LATER = ("adopted", "reason")
+_LATER = ("adopted", "restored", "ready", "down_for_ms", "reason")
 
 
 def to_json(result: RunResult, wall_ms: int) -> dict[str, Any]:

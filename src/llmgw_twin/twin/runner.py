@@ -16,21 +16,10 @@ from dataclasses import dataclass
 
 import simpy
 
-from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import NodeId, TraceEvent
-from llmgw_twin.control.protocol import (
-    ApplyDeployment,
-    ApplyProfile,
-    Assigned,
-    AssignShards,
-    ControllerEvent,
-    Heartbeat,
-    NodeRegistered,
-    Step,
-)
-from llmgw_twin.control.routing import Router
+from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.control.protocol import ControllerEvent
 from llmgw_twin.engines.registry import adapter_for
-from llmgw_twin.twin.checks import Invariants
+from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.expect import Outcome, judge_event, judge_state
 from llmgw_twin.twin.faults import UnsupportedFault, schedule_faults
 from llmgw_twin.twin.network import Network
@@ -40,55 +29,6 @@ from llmgw_twin.twin.world import World
 
 class UnsupportedScenario(Exception):
     """The file is valid but asks for something the twin cannot run yet."""
-
-
-class ControllerShell:
-    """Drives the controller core in virtual time: delivers messages, ticks, applies commands."""
-
-    def __init__(self, scenario: Scenario, world: World, trace: list[TraceEvent]) -> None:
-        self.world = world
-        self.trace = trace
-        self.router = Router()
-        self.checks = Invariants(scenario, world)
-        self.core = Controller(scenario.timings)
-        self.models = [d.model for d in scenario.deployments]
-        for profile in scenario.profiles:
-            self.core.handle(ApplyProfile(profile), 0)
-        for dep in scenario.deployments:
-            self.core.handle(ApplyDeployment(dep), 0)
-        self._apply(self.core.start(world.now), heard=None)
-
-    def receive(self, msg: ControllerEvent) -> None:
-        heard: NodeId | None = None
-        if isinstance(msg, Heartbeat | NodeRegistered) and self.checks.delivered(msg):
-            heard = msg.node if isinstance(msg, Heartbeat) else msg.info.node
-        self._apply(self.core.handle(msg, self.world.now), heard)
-
-    def operator(self, msg: ControllerEvent) -> None:
-        """An admin API call (a deployment change): no network in between."""
-        self._apply(self.core.handle(msg, self.world.now), heard=None)
-
-    def _tick(self) -> None:
-        self._apply(self.core.tick(self.world.now), heard=None)
-        for model in self.models:  # one probe request per model per reconcile
-            route = self.router.pick(model)
-            if route is not None:
-                self.checks.routed(self.core, self.world.now, route.replica)
-
-    def _apply(self, step: Step, heard: NodeId | None) -> None:
-        now = self.world.now
-        for ev in step.events:
-            self.trace.append(ev)
-            rid = ev.get("replica")
-            rec = self.core.replica(rid) if isinstance(rid, str) else None  # type: ignore[arg-type]
-            self.router.follow(ev, rec.endpoint if rec is not None else None)
-        self.checks.after_step(self.core, now, step.events, heard)
-        for cmd in step.commands:
-            match cmd:
-                case AssignShards(node=node, shards=shards):
-                    self.world.send_to_agent(node, Assigned(shards))
-        if step.wake_at_ms is not None:
-            self.world.later(step.wake_at_ms - now, self._tick)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +49,9 @@ class RunResult:
     invariants: tuple[InvariantResult, ...]
     virtual_ms: int
     engine_starts: int
+    engine_starts_by_ms: tuple[int, ...] = ()
+    """When each engine process was started (virtual ms): restarts are visible here even when
+    the controller does not know of them."""
 
     @property
     def passed(self) -> bool:
@@ -158,7 +101,7 @@ def run_scenario(scenario: Scenario, seed: int | None = None) -> RunResult:
     )
     shell = ControllerShell(scenario, world, trace)
     try:
-        schedule_faults(scenario, world, shell.operator, trace)
+        schedule_faults(scenario, world, shell, trace)
     except UnsupportedFault as e:
         raise UnsupportedScenario(str(e)) from None
     for name in sorted(world.nodes):
@@ -202,4 +145,5 @@ def run_scenario(scenario: Scenario, seed: int | None = None) -> RunResult:
         invariants=invariants,
         virtual_ms=scenario.duration_ms,
         engine_starts=world.engine_starts,
+        engine_starts_by_ms=tuple(world.engine_start_times),
     )

@@ -132,6 +132,9 @@ EVENT_SUBJECTS: tuple[str, ...] = (
     "action",
     "replicas",
     "adopted",
+    "restored",
+    "ready",
+    "down_for_ms",
 )
 """Subject fields an event may carry, and so the filters an event expectation may use."""
 

@@ -28,7 +28,6 @@ from llmgw_twin.control.protocol import (
     EngineServing,
     EngineStarted,
     HeartbeatDue,
-    NodeRegistered,
     SendReport,
     SidecarUp,
     StartEngine,
@@ -89,6 +88,7 @@ class World:
         self.waiting: dict[ReplicaId, list[SimEngine]] = {}
         """Workers started before their leader bound its rendezvous point."""
         self.engine_starts = 0
+        self.engine_start_times: list[int] = []
 
     @property
     def now(self) -> int:
@@ -146,7 +146,7 @@ class SimNode:
         self.info = info
         self.up = False
         self.generation = 0  # bumped at every boot and kill: late callbacks check it
-        self.core = AgentCore(info.node)
+        self.core = AgentCore(info)
         self.engines: dict[ShardKey, SimEngine] = {}
 
     @property
@@ -162,8 +162,8 @@ class SimNode:
             self.kill()
         self.up = True
         self.generation += 1
-        self.core = AgentCore(self.name)
-        self.world.send_to_controller(self.name, NodeRegistered(self.info, ()))
+        self.core = AgentCore(self.info, incarnation=self.generation)
+        self.world.send_to_controller(self.name, self.core.registration())
         interval = self.world.timings.heartbeat_interval_ms
         phase = self.world.rng.randrange(1, interval + 1)
         self._heartbeat_after(phase, self.generation)
@@ -211,6 +211,7 @@ class SimNode:
         self.engines[spec.key] = engine
         self.world.hold_gpus(engine)
         self.world.engine_starts += 1
+        self.world.engine_start_times.append(self.world.now)
         self.deliver(EngineStarted(spec.key, launch.argv), self.generation)
         self.world.later(spec.load_time_ms, lambda: self._loaded(engine))
         if spec.rank == 0:

@@ -1,0 +1,110 @@
+"""The controller's shell in the twin: a controller process in virtual time, with its store.
+
+It delivers messages to the controller core, runs its reconcile ticks, commits every step's
+durable writes to the store before carrying out the step's commands (as production must), and
+sends commands over the simulated network. It can crash: the process and its memory are gone
+(ticks stop, messages to it are dropped, operator calls wait for it), while the store survives;
+after the outage a new core starts from that store and adopts what the agents still run.
+"""
+
+from __future__ import annotations
+
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import NodeId, TraceEvent
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ApplyProfile,
+    Assigned,
+    AssignShards,
+    ControllerEvent,
+    Heartbeat,
+    NodeRegistered,
+    ReportRequested,
+    RequestReport,
+    Step,
+)
+from llmgw_twin.control.routing import Router
+from llmgw_twin.control.store import Store
+from llmgw_twin.twin.checks import Invariants
+from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.twin.world import World
+
+
+class ControllerShell:
+    def __init__(self, scenario: Scenario, world: World, trace: list[TraceEvent]) -> None:
+        self.world = world
+        self.trace = trace
+        self.timings = scenario.timings
+        self.checks = Invariants(scenario, world)
+        self.models = [d.model for d in scenario.deployments]
+        self.store = Store(":memory:")  # the controller's disk: it outlives the process
+        self.router = Router()
+        self.core = Controller(scenario.timings)
+        self.up = True
+        self.generation = 0  # bumped at every crash: a dead process's timers do nothing
+        self._waiting_ops: list[ControllerEvent] = []
+        for profile in scenario.profiles:
+            self._apply(self.core.handle(ApplyProfile(profile), 0), heard=None)
+        for dep in scenario.deployments:
+            self._apply(self.core.handle(ApplyDeployment(dep), 0), heard=None)
+        self._apply(self.core.start(world.now), heard=None)
+
+    def receive(self, msg: ControllerEvent) -> None:
+        if not self.up:
+            return  # nobody listening: the agent's message is lost
+        heard: NodeId | None = None
+        if isinstance(msg, Heartbeat | NodeRegistered) and self.checks.delivered(msg):
+            heard = msg.node if isinstance(msg, Heartbeat) else msg.info.node
+        self._apply(self.core.handle(msg, self.world.now), heard)
+
+    def operator(self, msg: ControllerEvent) -> None:
+        """An admin API call (a deployment change); while the controller is down the operator's
+        client keeps retrying, so the call lands when it is back."""
+        if not self.up:
+            self._waiting_ops.append(msg)
+            return
+        self._apply(self.core.handle(msg, self.world.now), heard=None)
+
+    def crash(self) -> None:
+        """The controller process dies with everything in its memory, the router's table too."""
+        self.up = False
+        self.generation += 1
+
+    def restart(self) -> None:
+        """A new controller process starts from the store."""
+        self.up = True
+        self.generation += 1
+        self.router = Router()
+        self.core = Controller(self.timings, restored=self.store.load())
+        self._apply(self.core.start(self.world.now), heard=None)
+        waiting, self._waiting_ops = self._waiting_ops, []
+        for msg in waiting:
+            self.operator(msg)
+
+    def _tick(self, generation: int) -> None:
+        if not self.up or generation != self.generation:
+            return
+        self._apply(self.core.tick(self.world.now), heard=None)
+        for model in self.models:  # one probe request per model per reconcile
+            route = self.router.pick(model)
+            if route is not None:
+                self.checks.routed(self.core, self.world.now, route.replica)
+
+    def _apply(self, step: Step, heard: NodeId | None) -> None:
+        now = self.world.now
+        self.store.commit(step.writes)  # durable before anything leaves the process
+        for ev in step.events:
+            self.trace.append(ev)
+            rid = ev.get("replica")
+            rec = self.core.replica(rid) if isinstance(rid, str) else None  # type: ignore[arg-type]
+            self.router.follow(ev, rec.endpoint if rec is not None else None)
+        self.checks.after_step(self.core, now, step.events, heard)
+        for cmd in step.commands:
+            match cmd:
+                case AssignShards(node=node, shards=shards):
+                    self.world.send_to_agent(node, Assigned(shards))
+                case RequestReport(node=node):
+                    self.world.send_to_agent(node, ReportRequested())
+        if step.wake_at_ms is not None:
+            generation = self.generation
+            self.world.later(step.wake_at_ms - now, lambda: self._tick(generation))

@@ -1,0 +1,223 @@
+"""Adoption after a controller restart, on literal snapshots of the core (no SimPy).
+
+A controller builds state, its writes go to a store, and a second controller starts from what
+the store holds plus what agents report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import model, node, profile
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.durable import DurableState
+from llmgw_twin.control.model import (
+    Deployment,
+    NodeId,
+    ReplicaId,
+    ReplicaState,
+    ShardReport,
+    ShardSpec,
+    ShardState,
+    Timings,
+)
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ApplyProfile,
+    AssignShards,
+    Heartbeat,
+    NodeRegistered,
+    RequestReport,
+    Step,
+)
+from llmgw_twin.control.store import Store
+
+T = Timings(10_000, 30_000, 60_000, 1_000)
+M = model("llama")
+FOUR = (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-b"), ("n4", "ib-b"))
+
+
+def up(spec: ShardSpec) -> ShardReport:
+    if spec.rank == 0:
+        return ShardReport(spec, ShardState.SERVING, f"http://{spec.node}:8000", None, ("e",))
+    return ShardReport(spec, ShardState.RUNNING, None, None, ("e",))
+
+
+def running_fleet() -> tuple[Controller, DurableState]:
+    """Two ready 2-node replicas, one per fabric; returns the controller and its store's state."""
+    ctl = Controller(T)
+    state = DurableState()
+
+    def commit(step: Step) -> Step:
+        nonlocal state
+        state = state.apply(step.writes)
+        return step
+
+    commit(ctl.handle(ApplyProfile(profile("p")), 0))
+    commit(ctl.handle(ApplyDeployment(Deployment(M, profile("p").name, 2)), 0))
+    for name, fabric in FOUR:
+        commit(ctl.handle(NodeRegistered(node(name, fabric)), 0))
+    commit(ctl.tick(1_000))
+    for n in ctl.nodes():
+        commit(ctl.handle(Heartbeat(n, tuple(up(s) for s in ctl.assigned(n))), 20_000))
+    commit(ctl.tick(21_000))
+    assert len(ctl.ready_replicas(M)) == 2
+    return ctl, state
+
+
+def kinds(step: Step) -> list[str]:
+    return [e.kind for e in step.events]
+
+
+def report_from(ctl: Controller, old: Controller, name: str, t: int, skip_rank: int = -1) -> Step:
+    n = NodeId(name)
+    shards = tuple(up(s) for s in old.assigned(n) if s.rank != skip_rank)
+    return ctl.handle(NodeRegistered(node(name, dict(FOUR)[name]), shards), t)
+
+
+def test_the_store_holds_what_the_controller_placed() -> None:
+    old, state = running_fleet()
+    assert [r.id for r in state.replicas] == ["llama-r1", "llama-r2"]
+    assert [r.specs for r in state.replicas] == [
+        old.replica(ReplicaId("llama-r1")).specs,  # type: ignore[union-attr]
+        old.replica(ReplicaId("llama-r2")).specs,  # type: ignore[union-attr]
+    ]
+    assert dict(state.seqs) == {"llama": 2}
+    assert [n.node for n in state.nodes] == ["n1", "n2", "n3", "n4"]
+
+
+def test_restart_asks_every_known_node_and_adopts_whole_replicas_without_restarting_them() -> None:
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    start = ctl.start(100_000)
+    assert start.commands == tuple(RequestReport(NodeId(n)) for n, _ in FOUR)
+    for name, _ in FOUR:
+        step = report_from(ctl, old, name, 100_002)
+        assert kinds(step) == []  # not a join, no shard.started: nothing was started
+    tick = ctl.tick(101_000)
+    assert kinds(tick) == ["replica.adopted", "replica.adopted", "controller.started"]
+    assert tick.events[2].get("adopted") == 2 and tick.events[2].get("restored") == 2
+    assert [r.endpoint for r in ctl.ready_replicas(M)] == ["http://n1:8000", "http://n3:8000"]
+    # every node is told exactly what it already runs: nothing to start or stop
+    for cmd in tick.commands:
+        assert isinstance(cmd, AssignShards)
+        assert cmd.shards == old.assigned(cmd.node)
+    assert tick.writes == ()
+
+
+def test_a_replica_short_of_a_shard_is_failed_and_replaced_never_ready() -> None:
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    ctl.start(100_000)
+    for name in ("n1", "n2", "n3"):
+        report_from(ctl, old, name, 100_002)
+    step = report_from(ctl, old, "n4", 100_002, skip_rank=1)  # n4 no longer runs rank 1
+    assert kinds(step) == []
+    tick = ctl.tick(101_000)
+    assert kinds(tick)[:3] == ["replica.adopted", "replica.failed", "replica.reaped"]
+    assert tick.events[1].get("reason") == "short of shard 1 on n4 after restart"
+    assert ctl.replica(ReplicaId("llama-r2")).state is ReplicaState.REAPED  # type: ignore[union-attr]
+    assert "replica.ready" not in kinds(tick)
+    # n3's surviving leader is told to stop: its assignment no longer holds it
+    assign = {c.node: c.shards for c in tick.commands if isinstance(c, AssignShards)}
+    assert all(s.replica != "llama-r2" for s in assign[NodeId("n3")])
+
+
+def test_a_replica_whose_leader_node_never_answers_waits_then_fails_without_an_endpoint() -> None:
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    ctl.start(100_000)
+    for name in ("n2", "n3", "n4"):  # n1, the leader of llama-r1, is dead
+        report_from(ctl, old, name, 100_002)
+    tick = ctl.tick(101_000)
+    assert kinds(tick) == ["replica.adopted", "controller.started"]
+    r1 = ctl.replica(ReplicaId("llama-r1"))
+    assert r1 is not None and r1.state is ReplicaState.ADOPTING and r1.endpoint is None
+    assert [r.id for r in ctl.ready_replicas(M)] == ["llama-r2"]
+    for t in range(102_000, 160_000, 1_000):
+        for name in ("n2", "n3", "n4"):
+            if t % 10_000 == 0:
+                n = NodeId(name)
+                ctl.handle(Heartbeat(n, tuple(up(s) for s in old.assigned(n))), t)
+        assert "replica.ready" not in kinds(ctl.tick(t))
+    step = ctl.tick(160_000)  # 60s of silence from n1 since the restart
+    assert kinds(step)[:3] == ["node.lost", "replica.failed", "replica.reaped"]
+    assert step.events[1].get("replica") == "llama-r1"
+
+
+def test_unclaimed_shards_are_stopped_and_unknown_nodes_asked_to_register() -> None:
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    ctl.start(100_000)
+    stray = ShardSpec(
+        ReplicaId("gone-r7"),
+        M,
+        profile().name,
+        profile().engine,
+        "/m",
+        0,
+        1,
+        NodeId("n1"),
+        (5,),
+        NodeId("n1"),
+    )
+    shards = (*tuple(up(s) for s in old.assigned(NodeId("n1"))), up(stray))
+    ctl.handle(NodeRegistered(node("n1", "ib-a"), shards), 100_002)
+    tick = ctl.tick(101_000)
+    assign = {c.node: c.shards for c in tick.commands if isinstance(c, AssignShards)}
+    assert assign[NodeId("n1")] == old.assigned(NodeId("n1"))  # the stray is not in it
+    assert ctl.handle(Heartbeat(NodeId("n9"), ()), 101_500).commands == (
+        RequestReport(NodeId("n9")),
+    )
+
+
+def test_restored_nodes_take_no_new_replica_until_heard_from() -> None:
+    _, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    ctl.start(100_000)
+    ctl.handle(ApplyDeployment(Deployment(M, profile().name, 3)), 100_000)
+    tick = ctl.tick(101_000)
+    assert "replica.placed" not in kinds(tick)
+    assert kinds(tick)[-1] == "replica.unplaceable"
+
+
+def test_a_loading_replica_is_adopted_loading_and_becomes_ready_without_a_restart() -> None:
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    ctl.start(100_000)
+    for name, _ in FOUR:
+        n = NodeId(name)
+        shards = tuple(
+            ShardReport(s, ShardState.STARTING, None, None, ("e",)) for s in old.assigned(n)
+        )
+        ctl.handle(NodeRegistered(node(name, dict(FOUR)[name]), shards), 100_002)
+    tick = ctl.tick(101_000)
+    assert [e.get("ready") for e in tick.events if e.kind == "replica.adopted"] == [False, False]
+    assert ctl.ready_replicas(M) == []
+    for name, _ in FOUR:
+        report_from(ctl, old, name, 110_000)
+    assert kinds(ctl.tick(111_000)) == ["replica.ready", "replica.ready"]
+
+
+def test_a_restart_from_the_store_file_restores_every_placed_replica(tmp_path: Path) -> None:
+    path = str(tmp_path / "ctl.db")
+    expected = DurableState()
+    ctl = Controller(T)
+    with Store(path) as store:
+        for step in (
+            ctl.handle(ApplyProfile(profile("p")), 0),
+            ctl.handle(ApplyDeployment(Deployment(M, profile("p").name, 2)), 0),
+            *(ctl.handle(NodeRegistered(node(n, f)), 0) for n, f in FOUR),
+            ctl.tick(1_000),
+        ):
+            store.commit(step.writes)
+            expected = expected.apply(step.writes)
+    with Store(path) as store:
+        loaded = store.load()
+    assert loaded == expected
+    again = Controller(T, restored=loaded)
+    again.start(5_000)
+    restored = again.replicas()
+    assert [(r.id, r.state, r.specs) for r in restored] == [
+        (r.id, ReplicaState.ADOPTING, r.specs) for r in ctl.replicas()
+    ]
