@@ -10,7 +10,13 @@ from llmgw_twin.control.model import (
     NodeInfo,
     Profile,
     ProfileName,
+    Timings,
 )
+
+T = Timings(10_000, 30_000, 60_000, 1_000)
+"""Production defaults, spelled out: heartbeat 10s, suspect 30s, lost 60s, reconcile 1s."""
+FOUR = (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-b"), ("n4", "ib-b"))
+"""Two fabrics of two nodes each."""
 
 
 def node(name: str, fabric: str, gpus: int = 8, engines: tuple[str, ...] = ("sim",)) -> NodeInfo:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import model, node, profile
+from conftest import FOUR, T, model, node, profile
 from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.durable import DurableState
 from llmgw_twin.control.model import (
@@ -19,7 +19,6 @@ from llmgw_twin.control.model import (
     ShardReport,
     ShardSpec,
     ShardState,
-    Timings,
 )
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
@@ -32,9 +31,7 @@ from llmgw_twin.control.protocol import (
 )
 from llmgw_twin.control.store import Store
 
-T = Timings(10_000, 30_000, 60_000, 1_000)
 M = model("llama")
-FOUR = (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-b"), ("n4", "ib-b"))
 
 
 def up(spec: ShardSpec) -> ShardReport:

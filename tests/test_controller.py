@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import model, node, profile
+from conftest import FOUR, T, model, node, profile
 from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.model import (
     Deployment,
@@ -13,7 +13,6 @@ from llmgw_twin.control.model import (
     ShardReport,
     ShardSpec,
     ShardState,
-    Timings,
 )
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
@@ -24,7 +23,6 @@ from llmgw_twin.control.protocol import (
     Step,
 )
 
-T = Timings(10_000, 30_000, 60_000, 1_000)
 M = model("llama")
 
 
@@ -39,9 +37,6 @@ def cluster(*nodes: tuple[str, str], replicas: int = 2, nodes_per: int = 2) -> C
     for name, fabric in nodes:
         ctl.handle(NodeRegistered(node(name, fabric)), 0)
     return ctl
-
-
-FOUR = (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-b"), ("n4", "ib-b"))
 
 
 def report(spec: ShardSpec, state: ShardState) -> ShardReport:
