@@ -35,7 +35,7 @@ from llmgw_twin.control.model import (
     Profile,
     ProfileName,
 )
-from llmgw_twin.control.store import SCHEMA_VERSION, Store, StoreError
+from llmgw_twin.control.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 
 TESTS = Path(__file__).resolve().parent
 
@@ -163,3 +163,23 @@ def test_sigkill_at_random_points_loses_no_acknowledged_batch(tmp_path: Path) ->
             state = store.load()
         committed = [j for j in range(acked + 1, count + 1) if states[j] == state]
         assert committed, f"attempt {attempt}: store is not any prefix at or after ack {acked}"
+
+
+def test_agent_urls_survive_a_reopen_and_migrating_a_version_1_store_keeps_its_data(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.db"
+    raw = sqlite3.connect(path)  # a store written by version 1 of the schema
+    for statement in MIGRATIONS[0].split(";"):
+        if statement.strip():
+            raw.execute(statement)
+    raw.execute("INSERT INTO seqs VALUES ('m', 4)")
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    with Store(str(path)) as store:
+        assert store.version == SCHEMA_VERSION
+        assert store.load().seqs == ((ModelName("m"), 4),)
+        store.put_agent_url(NodeId("n1"), "http://127.0.0.1:9001")
+    with Store(str(path)) as store:
+        assert store.agent_urls() == {"n1": "http://127.0.0.1:9001"}

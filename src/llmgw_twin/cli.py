@@ -3,6 +3,9 @@
     llmgw-twin run FILE... [--json] [--seed N] [--quiet]
     llmgw-twin sim-engine ...            the runnable sim engine (see `sim-engine --help`)
     llmgw-twin ctl engine-check ...      check launch flags against an engine's own --help
+    llmgw-twin controller --config FILE  the controller service (API, router, reconcile loop)
+    llmgw-twin agent --config FILE       a node agent
+    llmgw-twin sidecar ...               a shard's sidecar (started by the agent)
 
 `run` exit status: 0 every file passed; 1 an expectation or invariant failed; 2 a file is not a
 valid scenario (or asks for what the twin cannot run), with file, line, column and what is wrong.
@@ -33,6 +36,9 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "llmgw_twin.engines.check",
         "check every flag the project can emit against an engine's --help",
     ),
+    ("controller",): ("llmgw_twin.control.service.controller_main", "run the controller service"),
+    ("agent",): ("llmgw_twin.control.service.agent_main", "run a node agent"),
+    ("sidecar",): ("llmgw_twin.control.service.sidecar", "run a shard's sidecar"),
 }
 
 

@@ -49,6 +49,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL, body TEXT NOT NULL);
     CREATE TABLE seqs (model TEXT PRIMARY KEY, seq INTEGER NOT NULL);
     """,
+    # 2: where each node's agent listens (the production shell's, not the core's, to keep)
+    """
+    CREATE TABLE agent_urls (node TEXT PRIMARY KEY, url TEXT NOT NULL);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -251,6 +255,20 @@ class Store:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def put_agent_url(self, node: NodeId, url: str) -> None:
+        """Remember where a node's agent listens, so a restarted controller can reach it."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("INSERT OR REPLACE INTO agent_urls VALUES (?, ?)", (node, url))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def agent_urls(self) -> dict[NodeId, str]:
+        rows = self._db.execute("SELECT node, url FROM agent_urls ORDER BY node").fetchall()
+        return {NodeId(n): str(u) for n, u in rows}
 
     def load(self) -> DurableState:
         db = self._db
