@@ -209,3 +209,15 @@ def test_scale_up_and_down_keeps_the_fabric_spread() -> None:
     # ib-a holds two: one of them goes first (the newest), then the newest overall
     assert reaped == [("llama-r3", "scaled down"), ("llama-r2", "scaled down")]
     assert [r.fabric for r in ctl.live_replicas(M)] == ["ib-a"]
+
+
+def test_reaped_replicas_are_forgotten_beyond_a_bound() -> None:
+    from llmgw_twin.control.lifecycle import REAPED_KEPT
+
+    ctl = cluster(*FOUR, replicas=1, nodes_per=1)
+    for i in range(2 * (REAPED_KEPT + 5)):  # scale 0 -> 1 -> 0 ...: a reap every other round
+        ctl.handle(ApplyDeployment(Deployment(M, profile().name, i % 2)), i)
+        ctl.tick(i * 1_000)
+    reaped = [r for r in ctl.replicas() if r.state is ReplicaState.REAPED]
+    assert len(reaped) == REAPED_KEPT
+    assert ctl.replica(ReplicaId("llama-r1")) is None  # the oldest went first

@@ -24,6 +24,8 @@ shards dropped from every node's assignment.
 
 from __future__ import annotations
 
+from collections import deque
+
 from llmgw_twin.control.durable import DurableState, PutDeployment, PutNode, PutProfile, Write
 from llmgw_twin.control.health import HealthChange, HealthTracker
 from llmgw_twin.control.lifecycle import ReplicaLifecycle
@@ -70,6 +72,7 @@ class Controller(ReplicaLifecycle):
         self._profiles: dict[ProfileName, Profile] = {}
         self._deployments: dict[ModelName, Deployment] = {}
         self._replicas: dict[ReplicaId, ReplicaRecord] = {}
+        self._reaped: deque[ReplicaId] = deque()
         self._by_model: dict[ModelName, dict[ReplicaId, None]] = {}  # live, in creation order
         self._pending: dict[ReplicaId, None] = {}  # creation order
         self._assigned: dict[NodeId, dict[ShardKey, ShardSpec]] = {}

@@ -8,6 +8,8 @@ id is handed out), so the store always says where every live replica is.
 
 from __future__ import annotations
 
+from collections import deque
+
 from llmgw_twin.control.durable import DeleteReplica, PutReplica, PutSeq, ReplicaRow, Write
 from llmgw_twin.control.model import (
     RENDEZVOUS_PORT_BASE,
@@ -27,9 +29,14 @@ from llmgw_twin.control.model import (
 from llmgw_twin.control.placement import CapacityIndex, Placement
 from llmgw_twin.control.replica import ReplicaRecord
 
+REAPED_KEPT = 1024
+"""How many reaped replicas the controller still answers for (the oldest are forgotten first):
+a fleet that fails for months must not grow without bound."""
+
 
 class ReplicaLifecycle:
     # state owned by Controller.__init__
+    _reaped: deque[ReplicaId]
     _capacity: CapacityIndex
     _profiles: dict[ProfileName, Profile]
     _deployments: dict[ModelName, Deployment]
@@ -88,6 +95,9 @@ class ReplicaLifecycle:
             self._replicas_per_fabric(rec.model)[rec.fabric] -= 1
         rec.state = ReplicaState.REAPED
         rec.endpoint = None
+        self._reaped.append(rec.id)
+        if len(self._reaped) > REAPED_KEPT:  # keep recent history, not all of it
+            self._replicas.pop(self._reaped.popleft(), None)
         for spec in rec.specs:
             self._assigned[spec.node].pop(spec.key, None)
             self._last_report.pop(spec.node, None)
