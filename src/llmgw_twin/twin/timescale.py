@@ -1,0 +1,95 @@
+"""Scale every duration of a scenario by one factor, and widen its windows for wall-clock runs.
+
+`scale_scenario(s, 0.1)` is the same story ten times faster: timings, load times, fault instants
+and durations, expectation windows and instants, and the run's length, all multiplied (rounded to
+whole milliseconds, never below 1 ms where zero would mean something else). Real mode runs the
+scaled file on real processes, whose timings carry noise the twin does not have: `widen` pads
+every event window by a stated tolerance so that a verdict says what the twin predicted, give or
+take that much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmgw_twin.control.model import Timings
+from llmgw_twin.twin.scenario import (
+    EventExpectation,
+    Expectation,
+    FabricDown,
+    Fault,
+    FaultAction,
+    Partition,
+    RestartController,
+    Scenario,
+)
+
+
+def _ms(value: int, factor: float, floor: int = 0) -> int:
+    return max(floor, round(value * factor))
+
+
+def _action(action: FaultAction, factor: float) -> FaultAction:
+    match action:
+        case Partition(nodes=nodes, for_ms=for_ms):
+            return Partition(nodes, _ms(for_ms, factor, 1))
+        case FabricDown(fabric=fabric, for_ms=for_ms):
+            return FabricDown(fabric, _ms(for_ms, factor, 1))
+        case RestartController(down_for_ms=down):
+            return RestartController(_ms(down, factor))
+        case _:
+            return action
+
+
+def _expectation(exp: Expectation, factor: float) -> Expectation:
+    if isinstance(exp, EventExpectation):
+        return replace(exp, start_ms=_ms(exp.start_ms, factor), end_ms=_ms(exp.end_ms, factor))
+    return replace(exp, at_ms=_ms(exp.at_ms, factor))
+
+
+def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
+    if factor <= 0:
+        raise ValueError("the time scale must be positive")
+    t = scenario.timings
+    timings = Timings(
+        heartbeat_interval_ms=_ms(t.heartbeat_interval_ms, factor, 1),
+        node_suspect_after_ms=_ms(t.node_suspect_after_ms, factor, 1),
+        node_lost_after_ms=_ms(t.node_lost_after_ms, factor, 1),
+        reconcile_interval_ms=_ms(t.reconcile_interval_ms, factor, 1),
+    )
+    profiles = tuple(
+        replace(p, load_time_ms=_ms(p.load_time_ms, factor)) for p in scenario.profiles
+    )
+    faults = tuple(
+        Fault(_ms(f.at_ms, factor), _action(f.action, factor), f.id, f.line)
+        for f in scenario.faults
+    )
+    return replace(
+        scenario,
+        duration_ms=_ms(scenario.duration_ms, factor, 1),
+        timings=timings,
+        profiles=profiles,
+        faults=faults,
+        expectations=tuple(_expectation(e, factor) for e in scenario.expectations),
+    )
+
+
+def widen(scenario: Scenario, tolerance_ms: int) -> Scenario:
+    """Pad every event window by `tolerance_ms` on both sides (clamped to the run); a `never`
+    window is narrowed instead, so that it still only forbids what surely falls inside it. A
+    state assertion is judged `tolerance_ms` later (clamped to the end), once real processes had
+    that long to get where the twin got at once."""
+
+    def one(exp: Expectation) -> Expectation:
+        if not isinstance(exp, EventExpectation):
+            return replace(exp, at_ms=min(scenario.duration_ms, exp.at_ms + tolerance_ms))
+        if exp.never:
+            start, end = exp.start_ms + tolerance_ms, exp.end_ms - tolerance_ms
+            if start > end:
+                start = end = (exp.start_ms + exp.end_ms) // 2
+        else:
+            start = max(0, exp.start_ms - tolerance_ms)
+            end = min(scenario.duration_ms, exp.end_ms + tolerance_ms)
+        return replace(exp, start_ms=start, end_ms=end)
+
+    return replace(scenario, expectations=tuple(one(e) for e in scenario.expectations))
