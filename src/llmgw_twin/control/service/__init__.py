@@ -1,0 +1,1 @@
+"""The production shell: HTTP services, asyncio loops, inventory and the subprocess launcher."""
