@@ -177,6 +177,7 @@ class ReplicaLifecycle:
                 leader=placement.nodes[0],
                 nodes=placement.nodes,
                 rendezvous_port=RENDEZVOUS_PORT_BASE + placement.gpus[0][0],
+                rank_ports=tuple(RENDEZVOUS_PORT_BASE + g[0] for g in placement.gpus),
                 load_time_ms=profile.load_time_ms,
                 args=profile.args,
             )

@@ -21,8 +21,9 @@ ENGINES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang")
 """The engines the control plane knows how to launch."""
 
 RENDEZVOUS_PORT_BASE = 29500
-"""A replica's rendezvous port is this plus its leader's first GPU index: unique on the leader's
-node, because no GPU is held by two shards."""
+"""Each rank of a replica gets a port of its own: this plus the rank's first GPU index, unique on
+that rank's node because no GPU is held by two shards. Rank 0's is the replica's rendezvous
+point; a worker that listens (llama.cpp's RPC server) derives its port from its own."""
 
 
 class NodeState(enum.StrEnum):
@@ -141,6 +142,9 @@ class ShardSpec:
     """Every shard's node, by rank (`nodes[0] == leader`): a leader that dials its workers (as
     llama.cpp's does) needs them all."""
     rendezvous_port: int = RENDEZVOUS_PORT_BASE
+    rank_ports: tuple[int, ...] = ()
+    """Every rank's own port, by rank (`rank_ports[0] == rendezvous_port`); empty in specs
+    written before ranks had ports, where adapters fall back to the rendezvous port."""
     load_time_ms: int = 0
     args: tuple[str, ...] = ()
 

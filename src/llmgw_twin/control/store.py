@@ -79,6 +79,7 @@ def _spec_out(s: ShardSpec) -> dict[str, Any]:
         "leader": s.leader,
         "nodes": list(s.nodes),
         "rendezvous_port": s.rendezvous_port,
+        "rank_ports": list(s.rank_ports),
         "load_time_ms": s.load_time_ms,
         "args": list(s.args),
     }
@@ -98,6 +99,7 @@ def _spec_in(d: dict[str, Any]) -> ShardSpec:
         leader=NodeId(d["leader"]),
         nodes=tuple(NodeId(n) for n in d["nodes"]),
         rendezvous_port=d["rendezvous_port"],
+        rank_ports=tuple(d.get("rank_ports", ())),
         load_time_ms=d["load_time_ms"],
         args=tuple(d["args"]),
     )

@@ -4,16 +4,30 @@ Rank 0 (the leader) binds a rendezvous port, waits for every worker to join, and
 OpenAI-compatible API on its HTTP port once its load time has passed. Workers connect to the
 leader's rendezvous point and serve nothing. The twin models exactly this behaviour; the argv
 built here is what production runs.
+
+Invariants: the argv below is the contract with the runnable sim engine (`llmgw-twin
+sim-engine`); the leader is ready when GET /health answers 200; workers open no port.
 """
 
 from __future__ import annotations
 
+from llmgw_twin import __version__
 from llmgw_twin.control.model import ShardSpec
-from llmgw_twin.engines.base import Launch, LaunchContext
+from llmgw_twin.engines.base import Launch, LaunchContext, Program, Readiness, widest_of
+
+PROGRAM = Program(
+    default_binary="llmgw-twin",
+    command=("sim-engine",),
+    help_args=("sim-engine", "--help"),
+    min_help_chars=300,
+    help_sections=("usage:", "options:"),
+)
 
 
 class SimAdapter:
     name = "sim"
+    pinned_version = __version__
+    programs: tuple[Program, ...] = (PROGRAM,)
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
         leader = spec.rank == 0
@@ -34,7 +48,7 @@ class SimAdapter:
             str(spec.load_time_ms),
         ]
         if leader:
-            argv += ["--host", "0.0.0.0", "--port", str(ctx.http_port)]  # noqa: S104
+            argv += ["--host", ctx.bind_host, "--port", str(ctx.http_port)]
         argv += list(spec.args)
         env = (("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in spec.gpus)),)
         return Launch(
@@ -43,4 +57,8 @@ class SimAdapter:
             serves_http=leader,
             port=ctx.http_port if leader else None,
             health_path="/health" if leader else None,
+            readiness=Readiness.HTTP_200 if leader else Readiness.PROCESS,
         )
+
+    def widest(self) -> tuple[Launch, ...]:
+        return widest_of(self, LaunchContext(leader_host="node01"))

@@ -1,0 +1,79 @@
+"""SGLang: one `sglang serve` per node, all with the same command but their own `--node-rank`.
+
+Written against SGLang 0.5.23 (`sglang/srt/server_args.py`, whose flags come from the
+`A[type, help]` fields of `sglang/srt/arg_groups/fields/*.py`, and `sglang/cli/serve.py`).
+Multi-node is SGLang's own launch: every node runs `--nnodes`, its `--node-rank` and
+`--dist-init-addr LEADER:PORT` (torch.distributed's rendezvous on the leader). Tensor
+parallelism spans the whole replica (`--tp-size` = GPUs per node x nodes; each node runs its
+share of the ranks), SGLang's documented multi-node shape. Only node rank 0 runs the HTTP server;
+higher ranks run schedulers only.
+
+Invariants: `--model-type llm` pins `sglang serve` to its language-model server, so it never
+probes the model (which for a hub id means a network lookup) to choose a backend; the leader is
+ready when GET /health answers 200 (503 while the server is starting); workers open no port.
+"""
+
+from __future__ import annotations
+
+from llmgw_twin.control.model import ShardSpec
+from llmgw_twin.engines.base import (
+    Launch,
+    LaunchContext,
+    Program,
+    Readiness,
+    cuda_env,
+    widest_of,
+)
+
+PINNED_VERSION = "0.5.23"
+BINARY = "sglang"
+SERVE = ("serve", "--model-type", "llm")
+PROGRAM = Program(
+    default_binary=BINARY,
+    command=SERVE,
+    help_args=(*SERVE, "--help"),
+    min_help_chars=20_000,
+    help_sections=("usage:", "options:"),
+)
+
+
+class SglangAdapter:
+    name = "sglang"
+    pinned_version = PINNED_VERSION
+    programs: tuple[Program, ...] = (PROGRAM,)
+
+    def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
+        leader = spec.rank == 0
+        argv = [
+            ctx.binary or BINARY,
+            *SERVE,
+            "--model-path",
+            spec.model_path,
+            "--served-model-name",
+            spec.model,
+            "--tp-size",
+            str(len(spec.gpus) * spec.shard_count),
+        ]
+        if spec.shard_count > 1:
+            argv += [
+                "--nnodes",
+                str(spec.shard_count),
+                "--node-rank",
+                str(spec.rank),
+                "--dist-init-addr",
+                f"{ctx.leader_host}:{spec.rendezvous_port}",
+            ]
+        if leader:
+            argv += ["--host", ctx.bind_host, "--port", str(ctx.http_port)]
+        argv += spec.args
+        return Launch(
+            argv=tuple(argv),
+            env=cuda_env(spec),
+            serves_http=leader,
+            port=ctx.http_port if leader else None,
+            health_path="/health" if leader else None,
+            readiness=Readiness.HTTP_200 if leader else Readiness.PROCESS,
+        )
+
+    def widest(self) -> tuple[Launch, ...]:
+        return widest_of(self, LaunchContext(leader_host="node01"))

@@ -1,0 +1,92 @@
+"""vLLM: one `vllm serve` per node; the leader serves HTTP, the other nodes run headless.
+
+Written against vLLM 0.33.0 (`vllm/engine/arg_utils.py`, `vllm/entrypoints/common/cli_args.py`,
+`vllm/entrypoints/cli/serve.py`). Multi-node uses vLLM's own multiprocessing launch, no Ray:
+every node runs the same command with `--nnodes`, its `--node-rank` and the leader's
+`--master-addr`/`--master-port` (torch.distributed's rendezvous); nodes of rank 1 and up add
+`--headless`, so they start engine workers and no API server. Tensor parallelism spans the GPUs
+of one node (`--tensor-parallel-size` = GPUs per node) and pipeline parallelism spans the nodes
+(`--pipeline-parallel-size` = nodes), vLLM's advice for multi-node serving.
+
+Invariants: the model path is the positional `model_tag` (so `--model`, which `vllm serve --help`
+hides, is never needed); the leader is ready when GET /health answers 200 (its API server binds
+only after every node's workers have joined and loaded); workers open no port of their own.
+"""
+
+from __future__ import annotations
+
+from llmgw_twin.control.model import ShardSpec
+from llmgw_twin.engines.base import (
+    Launch,
+    LaunchContext,
+    Program,
+    Readiness,
+    cuda_env,
+    widest_of,
+)
+
+PINNED_VERSION = "0.33.0"
+BINARY = "vllm"
+SERVE = ("serve",)
+# `vllm serve --help` prints a summary of groups only; `--help=all` prints every flag.
+PROGRAM = Program(
+    default_binary=BINARY,
+    command=SERVE,
+    help_args=(*SERVE, "--help=all"),
+    min_help_chars=20_000,
+    # its groups, in the order `make_arg_parser` adds them, then the epilog `--help=all` prints
+    help_sections=(
+        "Frontend:",
+        "ModelConfig:",
+        "ParallelConfig:",
+        "VllmConfig:",
+        "When passing JSON CLI arguments",
+    ),
+)
+
+
+class VllmAdapter:
+    name = "vllm"
+    pinned_version = PINNED_VERSION
+    programs: tuple[Program, ...] = (PROGRAM,)
+
+    def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
+        leader = spec.rank == 0
+        argv = [
+            ctx.binary or BINARY,
+            *SERVE,
+            spec.model_path,
+            "--served-model-name",
+            spec.model,
+            "--tensor-parallel-size",
+            str(len(spec.gpus)),
+        ]
+        if spec.shard_count > 1:
+            argv += [
+                "--pipeline-parallel-size",
+                str(spec.shard_count),
+                "--nnodes",
+                str(spec.shard_count),
+                "--node-rank",
+                str(spec.rank),
+                "--master-addr",
+                ctx.leader_host,
+                "--master-port",
+                str(spec.rendezvous_port),
+            ]
+        if leader:
+            argv += ["--host", ctx.bind_host, "--port", str(ctx.http_port)]
+        else:
+            argv.append("--headless")
+        argv += spec.args
+        return Launch(
+            argv=tuple(argv),
+            env=cuda_env(spec),
+            serves_http=leader,
+            port=ctx.http_port if leader else None,
+            health_path="/health" if leader else None,
+            readiness=Readiness.HTTP_200 if leader else Readiness.PROCESS,
+        )
+
+    def widest(self) -> tuple[Launch, ...]:
+        return widest_of(self, LaunchContext(leader_host="node01"))
