@@ -1,0 +1,363 @@
+"""`llmgw-twin sim-engine`: one shard of the project's sim engine, as a real process.
+
+The argv is the one `engines/sim.py` builds. Rank 0, the leader, binds the rendezvous port
+(`--rendezvous HOST:PORT`), waits until every worker (ranks 1..N-1) has joined and its own load
+time has passed, and only then opens its HTTP port and serves the OpenAI-compatible API of
+`sim_api`. A worker dials the leader's rendezvous port, joins, and stays connected; it opens no
+listening port at all. The protocol is in `sim_rendezvous`.
+
+Invariants:
+- The leader's HTTP port is closed until the replica is whole: connecting to it before every
+  worker joined is refused, so "the port answers" means "the replica serves".
+- A replica is whole only while every connection holds. A leader that loses a worker stops
+  serving at once (it closes its HTTP port, drops the other workers) and exits 1; a worker whose
+  leader goes away without saying `shutdown` exits 1. Nothing is re-joined: a broken replica is
+  replaced, not repaired, as the controller expects.
+- SIGTERM or SIGINT stops a shard cleanly with exit 0; a leader tells its workers `shutdown`
+  first, so they exit 0 as well.
+- Every wait is bounded: joins by `--join-timeout-ms` (exit 3), shutdown by uvicorn's graceful
+  timeout.
+
+Exit status: 0 clean stop; 1 a peer was lost; 2 bad configuration (flags, a refused join, an
+HTTP port that cannot be bound); 3 the rendezvous did not complete in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from llmgw_twin.engines.sim_rendezvous import (
+    LeaderRendezvous,
+    RendezvousError,
+    RendezvousTimeout,
+    join,
+    parse_endpoint,
+)
+
+EXIT_OK, EXIT_PEER_LOST, EXIT_CONFIG, EXIT_JOIN_TIMEOUT = 0, 1, 2, 3
+DEFAULT_JOIN_TIMEOUT_MS = 600_000
+GRACEFUL_SHUTDOWN_S = 2
+
+T = TypeVar("T")
+
+log = logging.getLogger("llmgw_twin.sim_engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: str
+    served_name: str
+    nnodes: int
+    rank: int
+    rendezvous: tuple[str, int] | None
+    rendezvous_bind: str | None
+    load_time_ms: int
+    host: str
+    port: int
+    token_latency_ms: int
+    max_tokens_default: int
+    join_timeout_ms: int
+    log_level: str
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    try:
+        return parse_endpoint(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model path (reported, never read)")
+    parser.add_argument(
+        "--served-model-name", help="the model's name in the API (default: --model)"
+    )
+    parser.add_argument("--nnodes", type=_positive, default=1, help="shards in the replica")
+    parser.add_argument("--node-rank", type=_non_negative, default=0, help="0 is the leader")
+    parser.add_argument(
+        "--rendezvous",
+        type=_endpoint,
+        metavar="HOST:PORT",
+        help="the leader's rendezvous address; the leader binds it, workers dial it "
+        "(required when --nnodes > 1)",
+    )
+    parser.add_argument(
+        "--rendezvous-bind",
+        metavar="HOST",
+        help="leader only: the address its rendezvous port binds (default: --rendezvous's host)",
+    )
+    parser.add_argument("--load-time-ms", type=_non_negative, default=0, help="simulated load")
+    parser.add_argument("--host", default="0.0.0.0", help="leader only: HTTP address")  # noqa: S104
+    parser.add_argument("--port", type=_positive, default=8000, help="leader only: HTTP port")
+    parser.add_argument(
+        "--token-latency-ms", type=_non_negative, default=0, help="wall time per generated token"
+    )
+    parser.add_argument(
+        "--max-tokens-default",
+        type=_non_negative,
+        default=256,
+        help="token cap for requests that set none",
+    )
+    parser.add_argument(
+        "--join-timeout-ms",
+        type=_positive,
+        default=DEFAULT_JOIN_TIMEOUT_MS,
+        help="leader: how long to wait for every worker; worker: how long to dial the leader",
+    )
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info"
+    )
+
+
+def _config(args: argparse.Namespace) -> EngineConfig:
+    if args.node_rank >= args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank} is not below --nnodes {args.nnodes}")
+    if args.nnodes > 1 and args.rendezvous is None:
+        raise ValueError("--rendezvous HOST:PORT is required when --nnodes > 1")
+    return EngineConfig(
+        model_path=args.model,
+        served_name=args.served_model_name or args.model,
+        nnodes=args.nnodes,
+        rank=args.node_rank,
+        rendezvous=args.rendezvous,
+        rendezvous_bind=args.rendezvous_bind,
+        load_time_ms=args.load_time_ms,
+        host=args.host,
+        port=args.port,
+        token_latency_ms=args.token_latency_ms,
+        max_tokens_default=args.max_tokens_default,
+        join_timeout_ms=args.join_timeout_ms,
+        log_level=args.log_level,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = _config(args)
+    except ValueError as e:
+        print(f"sim-engine: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        format=f"%(asctime)s sim-engine rank {cfg.rank}/{cfg.nnodes} %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    run = run_leader(cfg) if cfg.rank == 0 else run_worker(cfg)
+    return asyncio.run(run)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("received %s", sig.name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    return stop
+
+
+class _Tasks:
+    """Named tasks awaited together; whatever is left is cancelled on exit."""
+
+    def __init__(self) -> None:
+        self._names: dict[asyncio.Task[Any], str] = {}
+
+    def add(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.create_task(coro)
+        self._names[task] = name
+        return task
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names.values()
+
+    async def next(self, timeout_s: float | None = None) -> list[tuple[str, asyncio.Task[Any]]]:
+        """The tasks that finished first, by name (none once `timeout_s` passed), now removed."""
+        done, _ = await asyncio.wait(
+            set(self._names), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        ordered = sorted(done, key=lambda t: self._names[t])
+        return [(self._names.pop(t), t) for t in ordered]
+
+    async def cancel_all(self) -> None:
+        for task in self._names:
+            task.cancel()
+        await asyncio.gather(*self._names, return_exceptions=True)
+        self._names.clear()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def run_leader(cfg: EngineConfig) -> int:
+    # The web stack is imported now, while workers start, not after they joined; workers never
+    # import it at all.
+    from llmgw_twin.engines import sim_api  # noqa: F401
+
+    loop = asyncio.get_running_loop()
+    stop = _stop_on_signals()
+    rdv = LeaderRendezvous(cfg.nnodes, cfg.served_name)
+    if cfg.nnodes == 1:
+        rdv.all_joined.set()
+    else:
+        assert cfg.rendezvous is not None
+        host, port = cfg.rendezvous
+        host = cfg.rendezvous_bind or host
+        try:
+            await rdv.start(host, port)
+        except OSError as e:
+            log.error("cannot bind the rendezvous port %s:%d: %s", host, port, e)
+            return EXIT_CONFIG
+        log.info("rendezvous listening on %s:%d, waiting for ranks %s", host, port, rdv.waiting_for)
+    tasks = _Tasks()
+    try:
+        return await _lead(cfg, loop, stop, rdv, tasks)
+    finally:
+        await tasks.cancel_all()
+
+
+async def _lead(
+    cfg: EngineConfig,
+    loop: asyncio.AbstractEventLoop,
+    stop: asyncio.Event,
+    rdv: LeaderRendezvous,
+    tasks: _Tasks,
+) -> int:
+    join_deadline = loop.time() + cfg.join_timeout_ms / 1000
+    tasks.add("load", asyncio.sleep(cfg.load_time_ms / 1000))  # the simulated load itself
+    tasks.add("join", rdv.all_joined.wait())
+    tasks.add("stop", stop.wait())
+    tasks.add("lost", rdv.lost.wait())
+    while "load" in tasks or "join" in tasks:
+        timeout = max(0.0, join_deadline - loop.time()) if "join" in tasks else None
+        finished = await tasks.next(timeout)
+        if not finished:
+            log.error("rendezvous timed out: ranks %s never joined", rdv.waiting_for)
+            await rdv.close(clean=False)
+            return EXIT_JOIN_TIMEOUT
+        for name, _ in finished:
+            if name == "stop":
+                log.info("stopping before serving")
+                await rdv.close(clean=True)
+                return EXIT_OK
+            if name == "lost":
+                log.error("rank %s left before the replica served", rdv.lost_rank)
+                await rdv.close(clean=False)
+                return EXIT_PEER_LOST
+            if name == "load":
+                log.info("loaded in %d ms", cfg.load_time_ms)
+            if name == "join" and cfg.nnodes > 1:
+                log.info("all %d workers joined", cfg.nnodes - 1)
+    return await _serve(cfg, rdv, tasks)
+
+
+async def _serve(cfg: EngineConfig, rdv: LeaderRendezvous, tasks: _Tasks) -> int:
+    from llmgw_twin.engines.sim_api import SimModel, http_server
+
+    try:
+        sock = _listen(cfg.host, cfg.port)
+    except OSError as e:
+        log.error("cannot bind the HTTP port %s:%d: %s", cfg.host, cfg.port, e)
+        await rdv.close(clean=False)
+        return EXIT_CONFIG
+    sim = SimModel(cfg.served_name, cfg.model_path, cfg.token_latency_ms, cfg.max_tokens_default)
+    server = http_server(sim, cfg.log_level, GRACEFUL_SHUTDOWN_S)
+    serving = tasks.add("serve", server.serve(sockets=[sock]))
+    rdv.broadcast("serving")
+    log.info("serving %s on http://%s:%d", cfg.served_name, cfg.host, cfg.port)
+    finished = [name for name, _ in await tasks.next()]
+    code = EXIT_OK
+    if "lost" in finished:
+        log.error("rank %s was lost: the replica is broken, no longer serving", rdv.lost_rank)
+        code = EXIT_PEER_LOST
+    elif "serve" in finished:
+        log.error("the HTTP server stopped on its own")
+        code = EXIT_PEER_LOST
+    else:
+        log.info("stopping")
+    # Stop HTTP first: no request may be answered by a replica that is no longer whole.
+    server.should_exit = True
+    await asyncio.wait([serving])  # bounded by uvicorn's graceful-shutdown timeout
+    sock.close()
+    await rdv.close(clean=code == EXIT_OK)
+    return code
+
+
+async def run_worker(cfg: EngineConfig) -> int:
+    loop = asyncio.get_running_loop()
+    stop = _stop_on_signals()
+    assert cfg.rendezvous is not None
+    host, port = cfg.rendezvous
+    tasks = _Tasks()
+    deadline = loop.time() + cfg.join_timeout_ms / 1000
+    try:
+        tasks.add("load", asyncio.sleep(cfg.load_time_ms / 1000))  # the simulated load itself
+        joining = tasks.add(
+            "join",
+            join(host, port, rank=cfg.rank, nnodes=cfg.nnodes, model=cfg.served_name,
+                 deadline_s=deadline),
+        )  # fmt: skip
+        tasks.add("stop", stop.wait())
+        while True:
+            for name, task in await tasks.next():
+                if name == "stop":
+                    log.info("stopping")
+                    if joining.done() and not joining.cancelled() and not joining.exception():
+                        joining.result().close()
+                    return EXIT_OK
+                if name == "load":
+                    log.info("loaded in %d ms", cfg.load_time_ms)
+                if name == "join":
+                    try:
+                        link = task.result()
+                    except RendezvousTimeout as e:
+                        log.error("rendezvous timed out: %s", e)
+                        return EXIT_JOIN_TIMEOUT
+                    except RendezvousError as e:
+                        log.error("%s", e)
+                        return EXIT_CONFIG
+                    log.info("joined leader %s:%d as rank %d", host, port, cfg.rank)
+                    tasks.add("leader", link.wait_end())
+                if name == "leader":
+                    link.close()
+                    if task.result():
+                        log.info("the leader shut down")
+                        return EXIT_OK
+                    log.error("lost the leader %s:%d", host, port)
+                    return EXIT_PEER_LOST
+    finally:
+        await tasks.cancel_all()
