@@ -1,0 +1,309 @@
+"""The controller's and the agent's YAML config files, read into checked, frozen settings.
+
+Role: `load_controller_config(path)` and `load_agent_config(path)` turn a file into the settings
+the runtimes take; every mistake is a `ConfigError` naming the file and the key. Durations and
+sizes are written as in scenario files (`10s`, `80GiB`, read by `twin.units`); the controller's
+`timings`, `profiles` and `deployments` have exactly a scenario's shape.
+
+Invariants:
+- Unknown keys are errors, never ignored; no value is coerced from another type.
+- Relative paths (the store, the sysfs root, the log directory) are relative to the config file.
+- An agent config that names no engine binary is valid: the node can run the sim engine only
+  (`AgentSettings.engine_names` is then `("sim",)`), and the agent says so with a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+
+from llmgw_twin.control.model import ENGINES, Deployment, ModelName, Profile, ProfileName, Timings
+from llmgw_twin.control.service.wire import (
+    Count,
+    Name,
+    Port,
+    Positive,
+    ProfileW,
+    Text,
+    Url,
+    describe_errors,
+)
+from llmgw_twin.twin.units import parse_duration, parse_size_mib
+
+Duration = Annotated[str, Strict()]
+Host = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
+
+
+class ConfigError(Exception):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenC(_Strict):
+    host: Host = "127.0.0.1"
+    port: Port
+
+
+class TimingsC(_Strict):
+    heartbeat_interval: Duration | None = None
+    node_suspect_after: Duration | None = None
+    node_lost_after: Duration | None = None
+    reconcile_interval: Duration | None = None
+
+
+class ProfileC(_Strict):
+    engine: Name
+    nodes: Positive = 1
+    gpus_per_node: Positive
+    model: Text
+    load_time: Duration = "0"
+    args: list[Annotated[str, Strict()]] = []
+
+
+class DeploymentC(_Strict):
+    model: Name
+    profile: Name
+    replicas: Count
+
+
+class ControllerFile(_Strict):
+    listen: ListenC
+    store: Text
+    timings: TimingsC = TimingsC()
+    profiles: dict[Name, ProfileC] = {}
+    deployments: list[DeploymentC] = []
+
+
+class EngineBinaryC(_Strict):
+    binary: Text
+    worker_binary: Text | None = None
+
+
+class PortsC(_Strict):
+    first: Port
+    last: Port
+
+
+class AgentFile(_Strict):
+    node: Name
+    controller: Url
+    listen: ListenC
+    advertise_url: Url | None = None
+    root: Text = "/"
+    fabric: Name | None = None
+    use_nvml: Annotated[bool, Strict()] | None = None
+    gpu_memory: Text = "80GiB"
+    engines: dict[Name, Text | EngineBinaryC] | None = None
+    ports: PortsC
+    heartbeat_interval: Duration = "10s"
+    engine_host: Host = "127.0.0.1"
+    peer_addresses: dict[Name, Host] = {}
+    peer_address_default: Host | None = "127.0.0.1"
+    stop_grace: Duration = "5s"
+    sidecar_timeout: Duration = "10s"
+    worker_settle: Duration = "1s"
+    ready_timeout: Duration = "30m"
+    log_dir: Text | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    host: str
+    port: int
+    store: str
+    timings: Timings
+    profiles: tuple[Profile, ...]
+    deployments: tuple[Deployment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBinary:
+    binary: str
+    worker_binary: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    node: str
+    controller_url: str
+    host: str
+    port: int
+    advertise_url: str
+    root: Path
+    fabric: str | None
+    use_nvml: bool
+    gpu_memory_mib: int
+    engines: tuple[tuple[str, EngineBinary], ...]
+    """engine -> the binaries the agent may run for it, sorted by engine; may be empty."""
+    port_first: int
+    port_last: int
+    heartbeat_interval_ms: int
+    engine_host: str
+    """The address this node's engines are reached at: the host of the endpoints it reports."""
+    peer_addresses: tuple[tuple[str, str], ...]
+    peer_address_default: str | None
+    """Where a node not in `peer_addresses` is reached; None: at its own name."""
+    stop_grace_ms: int
+    sidecar_timeout_ms: int
+    worker_settle_ms: int
+    ready_timeout_ms: int
+    log_dir: Path | None
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """What the node registers as able to run: the sim engine, and each engine named."""
+        return tuple(dict.fromkeys(("sim", *(e for e, _ in self.engines))))
+
+    def binary_for(self, engine: str) -> EngineBinary | None:
+        return dict(self.engines).get(engine)
+
+    def address_of(self, node: str) -> str:
+        return dict(self.peer_addresses).get(node) or self.peer_address_default or node
+
+
+def _read(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the config: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    return data
+
+
+def _duration(path: Path, key: str, text: str, *, positive: bool = False) -> int:
+    try:
+        ms = parse_duration(text)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {key}: {e}") from None
+    if positive and ms <= 0:
+        raise ConfigError(f"{path}: {key}: must be longer than 0")
+    return ms
+
+
+def _relative(path: Path, value: str) -> Path:
+    p = Path(value)
+    return p if p.is_absolute() else path.parent / p
+
+
+def _timings(path: Path, t: TimingsC) -> Timings:
+    """As a scenario's `timings`: omitted keys take the defaults; suspicion, unless set, comes
+    halfway to the loss deadline."""
+    defaults = Timings()
+
+    def get(key: str, default: int) -> int:
+        value = getattr(t, key)
+        return default if value is None else _duration(path, f"timings.{key}", value, positive=True)
+
+    lost = get("node_lost_after", defaults.node_lost_after_ms)
+    try:
+        return Timings(
+            heartbeat_interval_ms=get("heartbeat_interval", defaults.heartbeat_interval_ms),
+            node_suspect_after_ms=get("node_suspect_after", max(1, lost // 2)),
+            node_lost_after_ms=lost,
+            reconcile_interval_ms=get("reconcile_interval", defaults.reconcile_interval_ms),
+        )
+    except ValueError as e:
+        raise ConfigError(f"{path}: timings: {e}") from None
+
+
+def load_controller_config(path: str | Path) -> ControllerSettings:
+    path = Path(path)
+    try:
+        f = ControllerFile.model_validate(_read(path))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {describe_errors(e.errors())}") from None
+    profiles = []
+    for name, pc in f.profiles.items():
+        load_ms = _duration(path, f"profiles.{name}.load_time", pc.load_time)
+        try:
+            body = ProfileW(
+                engine=pc.engine,
+                nodes=pc.nodes,
+                gpus_per_node=pc.gpus_per_node,
+                model=pc.model,
+                load_time_ms=load_ms,
+                args=pc.args,
+            )
+        except ValidationError as e:
+            raise ConfigError(f"{path}: profiles.{name}: {describe_errors(e.errors())}") from None
+        profiles.append(body.to_core(name))
+    deployments: list[Deployment] = []
+    for i, dc in enumerate(f.deployments):
+        if dc.profile not in f.profiles:
+            raise ConfigError(
+                f"{path}: deployments[{i}].profile: unknown profile {dc.profile!r} "
+                f"(expected one of: {', '.join(f.profiles) or 'none defined'})"
+            )
+        if any(d.model == dc.model for d in deployments):
+            raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
+        deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
+    return ControllerSettings(
+        host=f.listen.host,
+        port=f.listen.port,
+        store=str(_relative(path, f.store)),
+        timings=_timings(path, f.timings),
+        profiles=tuple(profiles),
+        deployments=tuple(deployments),
+    )
+
+
+def load_agent_config(path: str | Path) -> AgentSettings:
+    path = Path(path)
+    try:
+        f = AgentFile.model_validate(_read(path))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {describe_errors(e.errors())}") from None
+    engines: list[tuple[str, EngineBinary]] = []
+    for engine, value in sorted((f.engines or {}).items()):
+        if engine not in ENGINES:
+            raise ConfigError(
+                f"{path}: engines: unknown engine {engine!r} (expected: {', '.join(ENGINES)})"
+            )
+        if isinstance(value, str):
+            engines.append((engine, EngineBinary(value)))
+        else:
+            engines.append((engine, EngineBinary(value.binary, value.worker_binary)))
+    if f.ports.first > f.ports.last:
+        raise ConfigError(f"{path}: ports: first ({f.ports.first}) is above last ({f.ports.last})")
+    try:
+        gpu_memory_mib = parse_size_mib(f.gpu_memory)
+    except ValueError as e:
+        raise ConfigError(f"{path}: gpu_memory: {e}") from None
+    root = _relative(path, f.root)
+    return AgentSettings(
+        node=f.node,
+        controller_url=f.controller.rstrip("/"),
+        host=f.listen.host,
+        port=f.listen.port,
+        advertise_url=(f.advertise_url or f"http://{f.listen.host}:{f.listen.port}").rstrip("/"),
+        root=root,
+        fabric=f.fabric,
+        use_nvml=f.use_nvml if f.use_nvml is not None else root.resolve() == Path("/"),
+        gpu_memory_mib=gpu_memory_mib,
+        engines=tuple(engines),
+        port_first=f.ports.first,
+        port_last=f.ports.last,
+        heartbeat_interval_ms=_duration(
+            path, "heartbeat_interval", f.heartbeat_interval, positive=True
+        ),
+        engine_host=f.engine_host,
+        peer_addresses=tuple(sorted(f.peer_addresses.items())),
+        peer_address_default=f.peer_address_default,
+        stop_grace_ms=_duration(path, "stop_grace", f.stop_grace),
+        sidecar_timeout_ms=_duration(path, "sidecar_timeout", f.sidecar_timeout, positive=True),
+        worker_settle_ms=_duration(path, "worker_settle", f.worker_settle),
+        ready_timeout_ms=_duration(path, "ready_timeout", f.ready_timeout, positive=True),
+        log_dir=_relative(path, f.log_dir) if f.log_dir is not None else None,
+    )

@@ -1,0 +1,356 @@
+"""The controller service: the controller core behind FastAPI, its store, its loop, its router.
+
+Role: the production twin of `twin/control_shell.py`. `ControllerRuntime` owns the core
+`Controller`, the SQLite `Store`, the router and two HTTP clients; it moves messages only:
+agents' registrations and heartbeats and the operator's profiles and deployments go into the
+core, and the core's commands go out to the agents. `create_controller_app` is the HTTP face.
+
+Invariants:
+- Every call into the core holds one asyncio lock, and carrying out its `Step` never awaits:
+  each step's writes are committed to the store (one transaction) before any of its commands is
+  sent, its events reach the router and the event log in order, and its `wake_at_ms` arms the
+  reconcile loop. Time is integer ms on a monotonic clock, counted from the runtime's creation.
+- Commands to one node go out in the order they were decided, one at a time; an assignment a
+  newer one has superseded is not sent. A failed send is logged and dropped: the core is
+  level-triggered and assigns again once the agent's report disagrees.
+- A heartbeat from a node the core does not know is answered in-band (`report: true`): the
+  agent registers at once, even when no address for it is known.
+- On start the runtime restores from its store when the store holds anything; otherwise it
+  starts empty and applies the config's profiles and deployments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import time
+from contextlib import asynccontextmanager, suppress
+from typing import Annotated, Any
+
+import httpx
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.responses import Response
+
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.durable import DurableState
+from llmgw_twin.control.model import NodeId, TraceEvent
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ApplyProfile,
+    AssignShards,
+    ControllerCommand,
+    ControllerEvent,
+    RequestReport,
+    Step,
+)
+from llmgw_twin.control.routing import Router
+from llmgw_twin.control.service.config import ControllerSettings
+from llmgw_twin.control.service.views import fleet_state, forward, model_list
+from llmgw_twin.control.service.wire import (
+    NAME_PATTERN,
+    AssignShardsW,
+    DeploymentW,
+    HeartbeatW,
+    NodeRegisteredW,
+    ProfileW,
+    Refused,
+    ReportReplyW,
+    RequestReportW,
+    TraceEventW,
+    install_error_handlers,
+)
+from llmgw_twin.control.store import Store
+
+log = logging.getLogger("llmgw_twin.controller")
+
+SEND_TIMEOUT_S = 5.0
+"""Bound on one command's delivery to an agent."""
+PROXY_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
+EVENTS_KEPT = 100_000
+"""The event log keeps this many recent events; `/v1/admin/events` says how many were dropped."""
+
+PathName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]
+
+
+class ControllerRuntime:
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        *,
+        agent_transport: httpx.AsyncBaseTransport | None = None,
+        engine_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self._t0_ns = time.monotonic_ns()
+        self._agent_transport = agent_transport
+        self._engine_transport = engine_transport
+        if settings.store != ":memory:":
+            pathlib.Path(settings.store).parent.mkdir(parents=True, exist_ok=True)
+        self.store = Store(settings.store)
+        self.router = Router()
+        self._agent_urls: dict[NodeId, str] = self.store.agent_urls()
+        self._core: Controller | None = None
+        self._lock = asyncio.Lock()
+        self._wake_at: int | None = None
+        self._wake = asyncio.Event()
+        self._events: list[TraceEvent] = []
+        self._events_dropped = 0
+        self._node_locks: dict[NodeId, asyncio.Lock] = {}
+        self._sent_seq: dict[NodeId, int] = {}
+        self._latest_assign: dict[NodeId, int] = {}
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._agents: httpx.AsyncClient | None = None
+        self._engines: httpx.AsyncClient | None = None
+
+    def now_ms(self) -> int:
+        return (time.monotonic_ns() - self._t0_ns) // 1_000_000
+
+    @property
+    def core(self) -> Controller:
+        if self._core is None:
+            raise Refused("the controller is not running", 503)
+        return self._core
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        self._agents = httpx.AsyncClient(
+            transport=self._agent_transport, timeout=SEND_TIMEOUT_S, trust_env=False
+        )
+        self._engines = httpx.AsyncClient(
+            transport=self._engine_transport, timeout=PROXY_TIMEOUT, trust_env=False
+        )
+        restored = self.store.load()
+        async with self._lock:
+            if restored != DurableState():
+                log.info(
+                    "restoring from %s: %d profiles, %d deployments, %d nodes, %d replicas",
+                    s.store,
+                    len(restored.profiles),
+                    len(restored.deployments),
+                    len(restored.nodes),
+                    len(restored.replicas),
+                )
+                if s.profiles or s.deployments:
+                    log.warning(
+                        "the store holds state: the config's profiles and deployments are not "
+                        "applied (change them through the admin API)"
+                    )
+                self._core = Controller(s.timings, restored=restored)
+            else:
+                self._core = Controller(s.timings)
+                for profile in s.profiles:
+                    self._apply(self._core.handle(ApplyProfile(profile), self.now_ms()))
+                for dep in s.deployments:
+                    self._apply(self._core.handle(ApplyDeployment(dep), self.now_ms()))
+            self._apply(self._core.start(self.now_ms()))
+        self._loop_task = asyncio.create_task(self._reconcile_loop())
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        if self._deliveries:
+            _, late = await asyncio.wait(set(self._deliveries), timeout=SEND_TIMEOUT_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        for client in (self._agents, self._engines):
+            if client is not None:
+                await client.aclose()
+        self._core = None
+        self.store.close()
+
+    async def _reconcile_loop(self) -> None:
+        """Tick the core when it asked to be called (`wake_at_ms`), never sooner."""
+        while True:
+            wake_at = self._wake_at
+            delay_ms = None if wake_at is None else wake_at - self.now_ms()
+            if delay_ms is None or delay_ms > 0:
+                self._wake.clear()
+                timeout = None if delay_ms is None else delay_ms / 1000
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            async with self._lock:
+                self._wake_at = None
+                try:
+                    self._apply(self.core.tick(self.now_ms()))
+                except Exception:
+                    log.exception("reconcile failed; trying again in one interval")
+                    self._arm(self.now_ms() + self.settings.timings.reconcile_interval_ms)
+
+    # --- carrying out a step (never awaits) --------------------------------------------------
+
+    def _apply(self, step: Step, answered_in_band: NodeId | None = None) -> None:
+        self.store.commit(step.writes)  # durable before anything leaves the process
+        for ev in step.events:
+            self._record(ev)
+        if step.wake_at_ms is not None:
+            self._arm(step.wake_at_ms)
+        for cmd in step.commands:
+            if isinstance(cmd, RequestReport) and cmd.node == answered_in_band:
+                continue
+            self._send(cmd)
+
+    def _arm(self, wake_at_ms: int) -> None:
+        if self._wake_at is None or wake_at_ms < self._wake_at:
+            self._wake_at = wake_at_ms
+        self._wake.set()
+
+    def _record(self, ev: TraceEvent) -> None:
+        log.info("%s %s", ev.kind, " ".join(f"{k}={v}" for k, v in ev.subjects if k != "argv"))
+        self._events.append(ev)
+        if len(self._events) > EVENTS_KEPT:
+            drop = len(self._events) - EVENTS_KEPT
+            del self._events[:drop]
+            self._events_dropped += drop
+        rid = ev.get("replica")
+        rec = self.core.replica(rid) if isinstance(rid, str) else None  # type: ignore[arg-type]
+        self.router.follow(ev, rec.endpoint if rec is not None else None)
+
+    def _send(self, cmd: ControllerCommand) -> None:
+        node = cmd.node
+        url = self._agent_urls.get(node)
+        if url is None:
+            log.warning("no address known for node %s: %s not sent", node, type(cmd).__name__)
+            return
+        seq = self._sent_seq[node] = self._sent_seq.get(node, 0) + 1
+        if isinstance(cmd, AssignShards):
+            self._latest_assign[node] = seq
+        task = asyncio.get_running_loop().create_task(self._deliver(cmd, seq, url))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, cmd: ControllerCommand, seq: int, url: str) -> None:
+        node = cmd.node
+        async with self._node_locks.setdefault(node, asyncio.Lock()):
+            body: dict[str, Any]
+            if isinstance(cmd, AssignShards):
+                if self._latest_assign.get(node, 0) > seq:
+                    return  # a newer full assignment supersedes this one
+                path, body = "/v1/assign", AssignShardsW.from_core(cmd).model_dump(mode="json")
+            else:
+                path = "/v1/report-request"
+                body = RequestReportW.from_core(cmd).model_dump(mode="json")
+            assert self._agents is not None
+            try:
+                reply = await self._agents.post(url + path, json=body)
+                reply.raise_for_status()
+            except httpx.HTTPError as e:
+                log.warning("sending %s to %s at %s failed: %s", path, node, url, e)
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    async def _handle(self, event: ControllerEvent, answered_in_band: NodeId | None = None) -> Step:
+        async with self._lock:
+            try:
+                step = self.core.handle(event, self.now_ms())
+            except ValueError as e:  # the core refuses: an unknown profile, say
+                raise Refused(str(e)) from None
+            self._apply(step, answered_in_band)
+        return step
+
+    async def register(self, body: NodeRegisteredW) -> ReportReplyW:
+        msg = body.to_core()
+        node = msg.info.node
+        if self._agent_urls.get(node) != body.agent_url:
+            self.store.put_agent_url(node, body.agent_url)
+            self._agent_urls[node] = body.agent_url
+        await self._handle(msg)
+        return ReportReplyW()
+
+    async def heartbeat(self, body: HeartbeatW) -> ReportReplyW:
+        msg = body.to_core()
+        step = await self._handle(msg, answered_in_band=msg.node)
+        asked = any(isinstance(c, RequestReport) and c.node == msg.node for c in step.commands)
+        return ReportReplyW(report=asked)
+
+    async def put_profile(self, name: str, body: ProfileW) -> dict[str, Any]:
+        await self._handle(ApplyProfile(body.to_core(name)))
+        return {"name": name, **body.model_dump(mode="json")}
+
+    async def put_deployment(self, model: str, body: DeploymentW) -> dict[str, Any]:
+        await self._handle(ApplyDeployment(body.to_core(model)))
+        return {"model": model, **body.model_dump(mode="json")}
+
+    # --- views -------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return fleet_state(self.core, self._agent_urls, self.now_ms())
+
+    def events(self, after: int) -> dict[str, Any]:
+        start = max(after - self._events_dropped, 0)
+        return {
+            "events": [
+                TraceEventW.from_core(ev).model_dump(mode="json") for ev in self._events[start:]
+            ],
+            "next": self._events_dropped + len(self._events),
+            "dropped": max(self._events_dropped - after, 0),
+        }
+
+    def models(self) -> dict[str, Any]:
+        return model_list(self.core, self.router)
+
+    async def proxy(self, request: Request, path: str) -> Response:
+        assert self._engines is not None
+        return await forward(self._engines, self.core, self.router, request, path)
+
+
+def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> Any:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.post("/v1/agents/register")
+    async def register(body: NodeRegisteredW) -> ReportReplyW:
+        return await runtime.register(body)
+
+    @app.post("/v1/agents/heartbeat")
+    async def heartbeat(body: HeartbeatW) -> ReportReplyW:
+        return await runtime.heartbeat(body)
+
+    @app.put("/v1/admin/profiles/{name}")
+    async def put_profile(name: PathName, body: ProfileW) -> dict[str, Any]:
+        return await runtime.put_profile(name, body)
+
+    @app.put("/v1/admin/deployments/{model}")
+    async def put_deployment(model: PathName, body: DeploymentW) -> dict[str, Any]:
+        return await runtime.put_deployment(model, body)
+
+    @app.get("/v1/admin/state")
+    async def state() -> dict[str, Any]:
+        return runtime.state()
+
+    @app.get("/v1/admin/events")
+    async def events(after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+        return runtime.events(after)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "t_ms": runtime.now_ms(), "nodes": len(runtime.core.nodes())}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return runtime.models()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await runtime.proxy(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await runtime.proxy(request, "/v1/completions")
+
+    return app

@@ -1,0 +1,330 @@
+"""The agent's shard processes: each shard's sidecar and engine, started, watched and stopped.
+
+Role: carries out the agent core's `StartSidecar`, `StartEngine` and `StopShard` with real
+processes (`processes.spawn`), and feeds back what it observes as core events: `SidecarUp` once
+the sidecar answers `GET /health`; `EngineStarted` with the argv run; `EngineServing` /
+`EngineJoined` by the readiness rule in `agent_app`; `EngineExited` with the process's code, or
+with one of `launcher`'s codes when the engine never ran.
+
+Invariants:
+- An engine is started only by `start_engine`, which the core asks for only after `SidecarUp`;
+  `history` records `sidecar-started`, `sidecar-up` and `engine-started` in that order.
+- Events are fed from tasks or deferred with `call_soon`, never from inside the core call that
+  issued the command, so reports reach the controller in the order the core made them.
+- Every wait is bounded: the sidecar's start (`sidecar_timeout`), an engine's readiness
+  (`ready_timeout`), a stop (`stop_grace`, then SIGKILL).
+- A stopped shard's processes leave the table at once (a new shard may reuse its key) and are
+  stopped as process groups in the background; `stop_all` waits for every stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from llmgw_twin.control.model import ShardKey, ShardSpec
+from llmgw_twin.control.protocol import (
+    AgentEvent,
+    EngineExited,
+    EngineJoined,
+    EngineServing,
+    EngineStarted,
+    SidecarUp,
+)
+from llmgw_twin.control.service.config import AgentSettings
+from llmgw_twin.control.service.launcher import (
+    EXIT_NO_PORT,
+    EXIT_NOT_READY,
+    EXIT_SIDECAR_FAILED,
+    EXIT_SPAWN_FAILED,
+    Probe,
+    Refusal,
+    engine_launch,
+    probe_for,
+    resolve_argv,
+    sidecar_argv,
+)
+from llmgw_twin.control.service.processes import PortPool, peek_exit, spawn, stop_group
+from llmgw_twin.engines.base import Launch
+
+log = logging.getLogger("llmgw_twin.agent")
+
+POLL_S = 0.05
+"""Sidecar start polling."""
+WATCH_S = 0.1
+"""Engine exit and readiness polling."""
+HISTORY_KEPT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Happened:
+    """One step in a shard's life, for `GET /v1/state` and for tests of the start order."""
+
+    t_ms: int
+    what: str
+    replica: str
+    rank: int
+    pid: int | None = None
+    detail: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(slots=True)
+class ShardProcs:
+    spec: ShardSpec
+    sidecar_port: int | None = None
+    http_port: int | None = None
+    launch: Launch | None = None
+    probe: Probe | None = None
+    sidecar: subprocess.Popen[bytes] | None = None
+    engine: subprocess.Popen[bytes] | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class ShardRunner:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        feed: Callable[[AgentEvent], None],
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self._feed = feed
+        self._now_ms = now_ms
+        self._procs: dict[ShardKey, ShardProcs] = {}
+        self._stopping: dict[asyncio.Task[None], ShardProcs] = {}
+        self._ports = PortPool(settings.port_first, settings.port_last, settings.engine_host)
+        self._client: httpx.AsyncClient | None = None
+        self.history: collections.deque[Happened] = collections.deque(maxlen=HISTORY_KEPT)
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=2.0, trust_env=False)
+        if self.settings.log_dir is not None:
+            self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+
+    async def stop_all(self) -> None:
+        for key in list(self._procs):
+            self.stop(key)
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+
+    # --- what the core asks for --------------------------------------------------------------
+
+    def start_sidecar(self, spec: ShardSpec) -> None:
+        procs = ShardProcs(spec)
+        self.stop(spec.key)  # defensive: the core stops a key before it starts it again
+        self._procs[spec.key] = procs
+        try:
+            procs.sidecar_port = self._take_port()
+            procs.http_port = self._take_port()
+            procs.launch = engine_launch(self.settings, spec, procs.http_port)
+            if procs.launch.port != procs.http_port:
+                self._ports.release(procs.http_port)  # this rank listens elsewhere, or not at all
+                procs.http_port = None
+            procs.probe = probe_for(self.settings, procs.launch)
+            argv = sidecar_argv(spec, procs.sidecar_port, procs.probe)
+            procs.sidecar = self._spawn(argv, None, spec, "sidecar")
+        except Refusal as r:
+            self._refuse(procs, r)
+            return
+        self._note("sidecar-started", spec, procs.sidecar.pid, " ".join(argv))
+        procs.task = asyncio.get_running_loop().create_task(self._await_sidecar(procs))
+
+    def start_engine(self, spec: ShardSpec) -> None:
+        procs = self._procs.get(spec.key)
+        if procs is None or procs.launch is None or procs.engine is not None:
+            log.error("shard %s/%d: engine asked for out of turn", spec.replica, spec.rank)
+            return
+        try:
+            argv = resolve_argv(self.settings, spec.engine, procs.launch.argv)
+            env = {**os.environ, **dict(procs.launch.env)}
+            procs.engine = self._spawn(argv, env, spec, "engine")
+        except Refusal as r:
+            self._refuse(procs, r)
+            return
+        self._note("engine-started", spec, procs.engine.pid, " ".join(argv))
+        loop = asyncio.get_running_loop()
+        loop.call_soon(self._feed, EngineStarted(spec.key, argv))
+        procs.task = loop.create_task(self._watch(procs))
+
+    def stop(self, key: ShardKey) -> None:
+        procs = self._procs.pop(key, None)
+        if procs is None:
+            return
+        if procs.task is not None:
+            procs.task.cancel()
+        task = asyncio.get_running_loop().create_task(self._stop(procs))
+        self._stopping[task] = procs
+        task.add_done_callback(lambda t: self._stopping.pop(t, None))
+
+    # --- views -------------------------------------------------------------------------------
+
+    def describe(self, key: ShardKey) -> dict[str, Any]:
+        procs = self._procs.get(key)
+        if procs is None:
+            return {}
+        return {
+            "sidecar_pid": procs.sidecar.pid if procs.sidecar is not None else None,
+            "sidecar_port": procs.sidecar_port,
+            "engine_pid": procs.engine.pid if procs.engine is not None else None,
+            "engine_port": procs.http_port,
+        }
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every process this runner started that may still run (running or being stopped)."""
+        out = []
+        for procs in [*self._procs.values(), *self._stopping.values()]:
+            for role, proc in (("sidecar", procs.sidecar), ("engine", procs.engine)):
+                if proc is not None and proc.returncode is None:
+                    out.append(
+                        {"replica": procs.spec.replica, "rank": procs.spec.rank, "role": role}
+                        | {"pid": proc.pid}
+                    )
+        return out
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _note(
+        self, what: str, spec: ShardSpec, pid: int | None = None, detail: str | None = None
+    ) -> None:
+        self.history.append(Happened(self._now_ms(), what, spec.replica, spec.rank, pid, detail))
+
+    def _take_port(self) -> int:
+        port = self._ports.take()
+        if port is None:
+            s = self.settings
+            raise Refusal(f"no free port left in {s.port_first}..{s.port_last}", EXIT_NO_PORT)
+        return port
+
+    def _spawn(
+        self, argv: tuple[str, ...], env: dict[str, str] | None, spec: ShardSpec, role: str
+    ) -> subprocess.Popen[bytes]:
+        log_dir = self.settings.log_dir
+        log_path = log_dir / f"{spec.replica}-{spec.rank}.{role}.log" if log_dir else None
+        try:
+            return spawn(argv, env, log_path)
+        except OSError as e:
+            raise Refusal(f"cannot start {argv[0]!r}: {e}", EXIT_SPAWN_FAILED) from None
+
+    def _refuse(self, procs: ShardProcs, r: Refusal) -> None:
+        spec = procs.spec
+        log.error(
+            "shard %s/%d (%s): %s; reported as exited with code %d",
+            spec.replica,
+            spec.rank,
+            spec.engine,
+            r,
+            r.exit_code,
+        )
+        self._note("refused", spec, None, f"{r} (exit code {r.exit_code})")
+        asyncio.get_running_loop().call_soon(self._feed, EngineExited(spec.key, r.exit_code))
+
+    async def _fail(self, procs: ShardProcs, message: str, exit_code: int) -> None:
+        """The shard cannot go on: stop what runs of it and report it exited."""
+        spec = procs.spec
+        log.error(
+            "shard %s/%d: %s; reported as exited with code %d",
+            spec.replica,
+            spec.rank,
+            message,
+            exit_code,
+        )
+        self._note("failed", spec, None, message)
+        grace_s = self.settings.stop_grace_ms / 1000
+        for proc in (procs.engine, procs.sidecar):
+            if proc is not None:
+                await stop_group(proc, grace_s)
+        self._feed(EngineExited(spec.key, exit_code))
+
+    async def _await_sidecar(self, procs: ShardProcs) -> None:
+        assert procs.sidecar is not None and self._client is not None
+        url = f"http://127.0.0.1:{procs.sidecar_port}/health"
+        deadline = time.monotonic() + self.settings.sidecar_timeout_ms / 1000
+        while True:
+            code = peek_exit(procs.sidecar)
+            if code is not None:
+                await self._fail(procs, f"sidecar exited with code {code}", EXIT_SIDECAR_FAILED)
+                return
+            try:
+                if (await self._client.get(url)).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass  # not listening yet
+            if time.monotonic() >= deadline:
+                timeout_ms = self.settings.sidecar_timeout_ms
+                await self._fail(
+                    procs, f"sidecar not up within {timeout_ms} ms", EXIT_SIDECAR_FAILED
+                )
+                return
+            await asyncio.sleep(POLL_S)
+        self._note("sidecar-up", procs.spec, procs.sidecar.pid)
+        self._feed(SidecarUp(procs.spec.key))
+
+    async def _engine_up(self, procs: ShardProcs) -> bool:
+        """Ask the sidecar whether the engine is ready (one bounded request)."""
+        assert self._client is not None
+        try:
+            reply = await self._client.get(f"http://127.0.0.1:{procs.sidecar_port}/engine")
+            return reply.status_code == 200 and reply.json().get("up") is True
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    async def _watch(self, procs: ShardProcs) -> None:
+        assert procs.engine is not None and procs.probe is not None and procs.sidecar is not None
+        spec, settings = procs.spec, self.settings
+        started = time.monotonic()
+        ready = False
+        while True:
+            code = peek_exit(procs.engine)
+            if code is not None:
+                self._note("engine-exited", spec, procs.engine.pid, f"exit code {code}")
+                self._feed(EngineExited(spec.key, code))
+                return
+            if not ready:
+                elapsed_ms = (time.monotonic() - started) * 1000
+                if peek_exit(procs.sidecar) is not None:
+                    await self._fail(
+                        procs, "sidecar died before the engine was ready", EXIT_SIDECAR_FAILED
+                    )
+                    return
+                if procs.probe.by_process:
+                    ready = elapsed_ms >= settings.worker_settle_ms
+                else:
+                    ready = await self._engine_up(procs)
+                if ready:
+                    self._note("engine-ready", spec, procs.engine.pid)
+                    self._feed(self._ready_event(procs))
+                elif elapsed_ms >= settings.ready_timeout_ms:
+                    message = f"engine not ready within {settings.ready_timeout_ms} ms"
+                    await self._fail(procs, message, EXIT_NOT_READY)
+                    return
+            await asyncio.sleep(WATCH_S)
+
+    def _ready_event(self, procs: ShardProcs) -> AgentEvent:
+        spec = procs.spec
+        assert procs.launch is not None
+        if spec.rank == 0:
+            endpoint = f"http://{self.settings.engine_host}:{procs.launch.port}"
+            return EngineServing(spec.key, endpoint)
+        return EngineJoined(spec.key)
+
+    async def _stop(self, procs: ShardProcs) -> None:
+        grace_s = self.settings.stop_grace_ms / 1000
+        stops = [stop_group(p, grace_s) for p in (procs.engine, procs.sidecar) if p is not None]
+        codes = await asyncio.gather(*stops)
+        self._note("stopped", procs.spec, None, f"exit codes {codes}")
+        self._ports.release(procs.sidecar_port)
+        self._ports.release(procs.http_port)
