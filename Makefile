@@ -1,11 +1,11 @@
 # Two entry points on a fresh machine (Python 3.11+ with venv):
 #   make run   install the project and run the canonical scenario
-#   make test  install the project with its dev tools and run every check CI runs
+#   make test  install the project with its dev tools and llama-server, run every check CI runs
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean llama-server
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,7 +23,11 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+# llama.cpp's llama-server and ggml-rpc-server, built from source once (pip caches the wheel)
+llama-server: $(VENV)/.installed
+	bash scripts/install-llama-server.sh
+
+test: lint llama-server
 	$(BIN)/llmgw-twin run -q scenarios/*.yaml
 	$(BIN)/pytest -q
 

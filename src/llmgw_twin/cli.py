@@ -23,9 +23,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from llmgw_twin import __version__
-from llmgw_twin.twin.loader import ScenarioError, load_scenario
-from llmgw_twin.twin.report import timeline, to_json, verdict
-from llmgw_twin.twin.runner import UnsupportedScenario, run_scenario
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -60,6 +57,11 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # imported here: an engine or an agent started through this CLI never pays for the twin
+    from llmgw_twin.twin.loader import ScenarioError, load_scenario
+    from llmgw_twin.twin.report import timeline, to_json, verdict
+    from llmgw_twin.twin.runner import UnsupportedScenario, run_scenario
+
     worst = EXIT_OK
     for path in args.files:
         try:
