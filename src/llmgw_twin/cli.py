@@ -1,6 +1,7 @@
 """`llmgw-twin`: the command line.
 
     llmgw-twin run FILE... [--json] [--seed N] [--quiet]
+    llmgw-twin run --real [--time-scale F] [--tolerance D] [--compare] FILE...
     llmgw-twin sim-engine ...            the runnable sim engine (see `sim-engine --help`)
     llmgw-twin ctl engine-check ...      check launch flags against an engine's own --help
     llmgw-twin controller --config FILE  the controller service (API, router, reconcile loop)
@@ -53,10 +54,72 @@ def _run_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="one JSON report per file, one per line")
     run.add_argument("--seed", type=int, help="override the scenarios' seed")
     run.add_argument("--quiet", "-q", action="store_true", help="print only the verdict lines")
+    run.add_argument(
+        "--real", action="store_true", help="run on real processes on this machine (real mode)"
+    )
+    run.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="real mode: multiply every duration in the file by F (default 0.1)",
+    )
+    run.add_argument(
+        "--tolerance",
+        default="2s",
+        metavar="D",
+        help="real mode: widen every expectation window by D on each side (default 2s)",
+    )
+    run.add_argument(
+        "--compare",
+        action="store_true",
+        help="real mode: also run the twin on the scaled file and print the fidelity table",
+    )
     return p
 
 
+def cmd_run_real(args: argparse.Namespace) -> int:
+    from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
+    from llmgw_twin.realmode.runner import check_real_supported, run_real
+    from llmgw_twin.twin.loader import ScenarioError, load_scenario
+    from llmgw_twin.twin.runner import run_scenario
+    from llmgw_twin.twin.timescale import scale_scenario, widen
+    from llmgw_twin.twin.units import parse_duration
+
+    try:
+        tolerance_ms = parse_duration(args.tolerance)
+    except ValueError as e:
+        print(f"error: --tolerance: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.time_scale <= 0:
+        print("error: --time-scale must be positive", file=sys.stderr)
+        return EXIT_INVALID
+    worst = EXIT_OK
+    for path in args.files:
+        try:
+            scenario = load_scenario(path)
+            check_real_supported(scenario)
+        except (ScenarioError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            worst = max(worst, EXIT_INVALID)
+            continue
+        result = run_real(scenario, args.time_scale, tolerance_ms)
+        report: dict[str, object] = to_json(result)
+        text = timeline(result) if not args.quiet else verdict(result)
+        if args.compare:
+            twin = run_scenario(widen(scale_scenario(scenario, args.time_scale), tolerance_ms))
+            rows, same = fidelity(twin, result)
+            report["fidelity"] = {"rows": rows, "same_decisions": same}
+            text += "\nfidelity (twin vs real, same scaled file)\n" + fidelity_table(rows, same)
+        print(json.dumps(report, sort_keys=True) if args.json else text)
+        if not result.passed:
+            worst = max(worst, EXIT_FAILED)
+    return worst
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.real:
+        return cmd_run_real(args)
     # imported here: an engine or an agent started through this CLI never pays for the twin
     from llmgw_twin.twin.loader import ScenarioError, load_scenario
     from llmgw_twin.twin.report import timeline, to_json, verdict

@@ -67,7 +67,7 @@ def schedule_faults(
             )
 
     def inject(fault: Fault) -> None:
-        subjects = _subjects(fault)
+        subjects = fault_subjects(fault)
         trace.append(TraceEvent.of(world.now, "fault.injected", fault=fault.id, **subjects))
         match fault.action:
             case KillNode(node=node):
@@ -103,7 +103,7 @@ def _heal(world: World, nodes: tuple[str, ...]) -> None:
         world.network.rejoin_controller(node)  # type: ignore[arg-type]
 
 
-def _subjects(fault: Fault) -> dict[str, object]:
+def fault_subjects(fault: Fault) -> dict[str, object]:
     match fault.action:
         case KillNode(node=node) | RestartNode(node=node):
             return {"action": _action_name(fault), "node": node}

@@ -291,6 +291,9 @@ class ControllerRuntime:
             ],
             "next": self._events_dropped + len(self._events),
             "dropped": max(self._events_dropped - after, 0),
+            # the host's monotonic clock at t_ms 0: lets a harness on the same host put events
+            # of successive controller processes on one time line
+            "origin_monotonic_ns": self._t0_ns,
         }
 
     def models(self) -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""State assertions and invariants judged from outside real processes.
+
+The twin checks its invariants against ground truth it holds; a real run only has what the
+controller's admin state, its event log, the agents' own state and the router's answers show,
+read every poll. So in real mode:
+
+- `single_fabric`: every live replica's nodes lie in one fabric of the scenario, and it is the
+  replica's;
+- `gpu_exclusive`: no (node, GPU) is claimed by two live replicas' shards;
+- `ready_is_whole`: a replica the controller calls ready has every shard reported up (the leader
+  serving with an endpoint) on a node it does not hold lost;
+- `routes_to_ready`: a probe request per model per poll goes through the router; the replica that
+  answered must not have been failed or reaped before the request was sent;
+- `no_orphans`: at the end, every process an agent still runs belongs to a live replica placed
+  on that node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.twin.expect import Outcome
+from llmgw_twin.twin.runner import InvariantResult
+from llmgw_twin.twin.scenario import INVARIANTS, Scenario, StateExpectation
+from llmgw_twin.twin.units import fmt_ms
+
+ROUTE_SLACK_MS = 50
+"""Clock mapping between processes is good to a few ms; a pick this close to a failure is a race,
+not a violation."""
+
+
+def judge_state_real(exp: StateExpectation, state: dict[str, Any] | None) -> Outcome:
+    at = f"at {fmt_ms(exp.at_ms)}: "
+    if state is None:
+        return Outcome(exp.text, exp.line, False, at + "the controller did not answer")
+    replicas = state["replicas"]
+    problems: list[str] = []
+    seen: list[str] = []
+    for model, want in exp.ready_replicas or ():
+        got = sum(1 for r in replicas if r["model"] == model and r["state"] == "ready")
+        seen.append(f"{model} ready {got}")
+        if got != want:
+            problems.append(f"{model}: {got} ready replicas, want {want}")
+    if exp.idle_nodes is not None:
+        idle = sorted(
+            n["node"]
+            for n in state["nodes"]
+            if n["state"] == "alive" and all(g["replica"] is None for g in n["gpus"])
+        )
+        seen.append(f"idle {idle}")
+        if idle != sorted(exp.idle_nodes):
+            problems.append(f"idle nodes are {idle}, want {sorted(exp.idle_nodes)}")
+    states = {n["node"]: n["state"] for n in state["nodes"]}
+    for node, want_state in exp.node_state or ():
+        got_state = states.get(node) or "unknown"
+        seen.append(f"{node} {got_state}")
+        if got_state != want_state:
+            problems.append(f"{node} is {got_state}, want {want_state}")
+    for fabric, want in exp.replicas_in or ():
+        got = sum(1 for r in replicas if r["fabric"] == fabric)
+        seen.append(f"{fabric} {got}")
+        if got != want:
+            problems.append(f"{fabric} holds {got} replicas, want {want}")
+    if problems:
+        return Outcome(exp.text, exp.line, False, at + "; ".join(problems))
+    return Outcome(exp.text, exp.line, True, at + ", ".join(seen))
+
+
+class RealInvariants:
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self._fabric_of = {n.node: n.fabric for n in scenario.nodes}
+        self.violations: dict[str, list[str]] = {name: [] for name in INVARIANTS}
+        self.checks: dict[str, int] = dict.fromkeys(INVARIANTS, 0)
+        self._picks: list[tuple[int, str]] = []
+        self.answered: dict[str, int] = {}
+        """Probe requests each model's router answered with 200."""
+        self.controller_url = ""
+
+    def _fail(self, name: str, t_ms: int, message: str) -> None:
+        if len(self.violations[name]) < 50 and not any(message in v for v in self.violations[name]):
+            self.violations[name].append(f"t={t_ms}ms {message}")
+
+    async def observe(self, t_ms: int, state: dict[str, Any], client: httpx.AsyncClient) -> None:
+        self.check_state(t_ms, state)
+        models = sorted({r["model"] for r in state["replicas"] if r["state"] == "ready"})
+        for model in models:  # one probe per model per poll: bounded by the run's length
+            sent = t_ms
+            try:
+                r = await client.post(
+                    f"{self.controller_url}/v1/chat/completions",
+                    json={
+                        "model": model,
+                        "messages": [{"role": "user", "content": "ping"}],
+                        "max_tokens": 2,
+                    },
+                )
+            except httpx.HTTPError:
+                continue
+            replica = r.headers.get("x-llmgw-replica")
+            if r.status_code == 200 and replica:
+                self._picks.append((sent, replica))
+                self.answered[model] = self.answered.get(model, 0) + 1
+
+    def check_state(self, t_ms: int, state: dict[str, Any]) -> None:
+        lost = {n["node"] for n in state["nodes"] if n["state"] == "lost"}
+        claimed: dict[tuple[str, int], str] = {}
+        for rep in state["replicas"]:
+            rid = rep["replica"]
+            self.checks["single_fabric"] += 1
+            fabrics = sorted({self._fabric_of.get(n, "?") for n in rep["nodes"]})
+            if fabrics and fabrics != [rep["fabric"]]:
+                self._fail("single_fabric", t_ms, f"{rid} has shards in {', '.join(fabrics)}")
+            self.checks["gpu_exclusive"] += 1
+            for shard in rep["shards"]:
+                for g in shard["gpus"]:
+                    other = claimed.setdefault((shard["node"], g), rid)
+                    if other != rid:
+                        self._fail(
+                            "gpu_exclusive",
+                            t_ms,
+                            f"GPU {g} of {shard['node']} held by {other} and {rid}",
+                        )
+            if rep["state"] == "ready":
+                self.checks["ready_is_whole"] += 1
+                for shard in rep["shards"]:
+                    want = "serving" if shard["rank"] == 0 else "running"
+                    if shard["node"] in lost:
+                        problem = f"rank {shard['rank']} is on lost node {shard['node']}"
+                    elif shard["state"] != want:
+                        problem = f"rank {shard['rank']} is {shard['state']}, not {want}"
+                    elif shard["rank"] == 0 and not shard["endpoint"]:
+                        problem = "the leader has no endpoint"
+                    else:
+                        continue
+                    self._fail("ready_is_whole", t_ms, f"{rid} ready but {problem}")
+
+    def at_end(
+        self,
+        t_ms: int,
+        state: dict[str, Any] | None,
+        agents: dict[Any, dict[str, Any] | None],
+    ) -> None:
+        if state is None:
+            self._fail("no_orphans", t_ms, "the controller did not answer at the end")
+            return
+        self.check_state(t_ms, state)
+        placed = {
+            (shard["node"], rep["replica"], shard["rank"])
+            for rep in state["replicas"]
+            for shard in rep["shards"]
+        }
+        for node, agent in sorted(agents.items()):
+            self.checks["no_orphans"] += 1
+            for proc in (agent or {}).get("processes", []):
+                if (node, proc["replica"], proc["rank"]) not in placed:
+                    self._fail(
+                        "no_orphans",
+                        t_ms,
+                        f"{node} still runs {proc['replica']}/{proc['rank']} ({proc['role']}), "
+                        "which no live replica places there",
+                    )
+
+    def judge_routes(self, trace: list[TraceEvent]) -> None:
+        gone: dict[str, int] = {}
+        for ev in trace:
+            rid = ev.get("replica")
+            if ev.kind in ("replica.failed", "replica.reaped") and isinstance(rid, str):
+                gone.setdefault(rid, ev.t_ms)
+        for sent, rid in self._picks:
+            self.checks["routes_to_ready"] += 1
+            if rid in gone and gone[rid] + ROUTE_SLACK_MS < sent:
+                self._fail(
+                    "routes_to_ready",
+                    sent,
+                    f"router answered with {rid}, out of service since t={gone[rid]}ms",
+                )
+
+    def results(self) -> list[InvariantResult]:
+        off = dict(self.scenario.invariants_off)
+        return [
+            InvariantResult(
+                name,
+                name not in off,
+                off.get(name),
+                self.checks[name],
+                tuple(self.violations[name]),
+            )
+            for name in INVARIANTS
+        ]

@@ -1,0 +1,282 @@
+"""A scenario's cluster as real processes on this machine: one controller, one agent per node.
+
+Each node gets its own sysfs-shaped root (its GPUs, its InfiniBand port in its fabric's subnet),
+its own loopback address (127.0.1.N: its engines bind there, so two nodes' engines never
+contend for one port), its own port range, and a pair of cuttable proxies that carry all of its
+traffic with the controller, one per direction: a partition cuts them. Every process is started
+in a new session (its own process group), never through a shell, and `stop_all` ends every group
+this cluster started, then checks that none is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import yaml
+
+from llmgw_twin.control.model import NodeId
+from llmgw_twin.control.service.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.realmode.proxy import CuttableProxy
+from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.twin.units import fmt_duration
+
+PORTS_PER_NODE = 100
+FIRST_AGENT_PORT = 21000
+FIRST_ENGINE_PORT = 23000
+STARTUP_DEADLINE_S = 30.0
+STOP_GRACE_S = 10.0
+
+
+def node_address(index: int) -> str:
+    """Node i's own loopback address: 127.0.1.(i+1), up to 254 nodes."""
+    if not 0 <= index < 254:
+        raise ValueError("real mode runs at most 254 nodes on one machine")
+    return f"127.0.1.{index + 1}"
+
+
+def _duration(ms: int) -> str:
+    return fmt_duration(ms) if ms else "0"
+
+
+@dataclass
+class NodeProcs:
+    name: NodeId
+    index: int
+    config: Path
+    agent_port: int
+    to_controller: CuttableProxy
+    to_agent: CuttableProxy
+    proc: subprocess.Popen[bytes] | None = None
+    groups: set[int] = field(default_factory=set)
+    """Every process group this node's agent was seen running (its own and its shards')."""
+
+
+class RealCluster:
+    def __init__(self, scenario: Scenario, workdir: Path, controller_port: int) -> None:
+        self.scenario = scenario
+        self.workdir = workdir
+        self.controller_port = controller_port
+        self.controller_url = f"http://127.0.0.1:{controller_port}"
+        self.controller: subprocess.Popen[bytes] | None = None
+        self.nodes: dict[NodeId, NodeProcs] = {}
+        self.started_groups: set[int] = set()
+        self._logs: list[TextIO] = []
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # --- configuration -----------------------------------------------------------------------
+
+    def write_controller_config(self) -> Path:
+        sc = self.scenario
+        t = sc.timings
+        config: dict[str, Any] = {
+            "listen": {"host": "127.0.0.1", "port": self.controller_port},
+            "store": str(self.workdir / "controller.db"),
+            "timings": {
+                "heartbeat_interval": _duration(t.heartbeat_interval_ms),
+                "node_suspect_after": _duration(t.node_suspect_after_ms),
+                "node_lost_after": _duration(t.node_lost_after_ms),
+                "reconcile_interval": _duration(t.reconcile_interval_ms),
+            },
+            "profiles": {
+                p.name: {
+                    "engine": p.engine,
+                    "nodes": p.nodes,
+                    "gpus_per_node": p.gpus_per_node,
+                    "model": p.model,
+                    "load_time": _duration(p.load_time_ms),
+                    "args": list(p.args),
+                }
+                for p in sc.profiles
+            },
+            "deployments": [
+                {"model": d.model, "profile": d.profile, "replicas": d.replicas}
+                for d in sc.deployments
+            ],
+        }
+        path = self.workdir / "controller.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=True))
+        return path
+
+    async def prepare_nodes(self, engine_binaries: dict[str, dict[str, str]]) -> None:
+        """Roots, proxies and agent configs for every node of the scenario."""
+        addresses = {n.node: node_address(i) for i, n in enumerate(self.scenario.nodes)}
+        for i, info in enumerate(self.scenario.nodes):
+            root = self.workdir / "nodes" / info.node
+            write_sysfs_root(
+                root, gpus=info.gpus, fabric_prefix=fabric_prefix_for(info.fabric), node=info.node
+            )
+            agent_port = FIRST_AGENT_PORT + i
+            to_controller = CuttableProxy("127.0.0.1", self.controller_port)
+            to_agent = CuttableProxy("127.0.0.1", agent_port)
+            await to_controller.start()
+            await to_agent.start()
+            engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
+            first = FIRST_ENGINE_PORT + i * PORTS_PER_NODE
+            config = {
+                "node": info.node,
+                "controller": f"http://127.0.0.1:{to_controller.port}",
+                "listen": {"host": "127.0.0.1", "port": agent_port},
+                "advertise_url": f"http://127.0.0.1:{to_agent.port}",
+                "root": str(root),
+                "fabric": info.fabric,
+                "use_nvml": False,
+                "gpu_memory": f"{info.gpu_memory_mib}MiB",
+                "engines": engines,
+                "ports": {"first": first, "last": first + PORTS_PER_NODE - 1},
+                "heartbeat_interval": _duration(self.scenario.timings.heartbeat_interval_ms),
+                "engine_host": addresses[info.node],
+                "peer_addresses": dict(addresses),
+                "stop_grace": "2s",
+                "worker_settle": "200ms",
+                "log_dir": str(self.workdir / "logs" / info.node),
+            }
+            path = self.workdir / f"agent-{info.node}.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=True))
+            self.nodes[info.node] = NodeProcs(
+                info.node, i, path, agent_port, to_controller, to_agent
+            )
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        log = (self.workdir / "logs" / log_name).open("a")
+        self._logs.append(log)
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter, a fixed argv, no shell
+            [sys.executable, "-m", "llmgw_twin.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.started_groups.add(proc.pid)
+        return proc
+
+    def start_controller(self, config: Path) -> None:
+        self.controller = self._spawn(["controller", "--config", str(config)], "controller.log")
+
+    def start_agent(self, node: NodeId) -> None:
+        n = self.nodes[node]
+        n.proc = self._spawn(["agent", "--config", str(n.config)], f"agent-{node}.log")
+        n.groups.add(n.proc.pid)
+
+    def wait_healthy(self, url: str, proc: subprocess.Popen[bytes]) -> None:
+        """Poll `url`/health until it answers (bounded), failing fast if the process died."""
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} at start")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{url}/health").status_code == 200:
+                        return
+                time.sleep(0.05)  # a process starting up: nothing to await but its port
+        raise RuntimeError(f"{url} did not answer within {STARTUP_DEADLINE_S}s")
+
+    def agent_state(self, node: NodeId) -> dict[str, Any] | None:
+        """The agent's own view, asked directly (not through the proxies a partition cuts)."""
+        try:
+            r = httpx.get(f"http://127.0.0.1:{self.nodes[node].agent_port}/v1/state", timeout=2)
+            return r.json() if r.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    def remember_groups(self, node: NodeId) -> set[int]:
+        """Every process group the node's agent reports running, added to what we must end."""
+        state = self.agent_state(node)
+        groups: set[int] = set()
+        for proc in (state or {}).get("processes", []):
+            pgid = proc.get("pgid", proc.get("pid"))
+            if isinstance(pgid, int):
+                groups.add(pgid)
+        self.nodes[node].groups |= groups
+        self.started_groups |= groups
+        return groups
+
+    def kill_node(self, node: NodeId) -> None:
+        """Power off: SIGKILL the agent and every engine and sidecar it started."""
+        n = self.nodes[node]
+        groups = self.remember_groups(node) | ({n.proc.pid} if n.proc else set())
+        for pgid in sorted(groups):
+            _killpg(pgid, signal.SIGKILL)
+        if n.proc is not None:
+            n.proc.wait(timeout=STOP_GRACE_S)
+            n.proc = None
+
+    def kill_controller(self) -> None:
+        if self.controller is not None:
+            _killpg(self.controller.pid, signal.SIGKILL)
+            self.controller.wait(timeout=STOP_GRACE_S)
+            self.controller = None
+
+    async def stop_all(self) -> list[int]:
+        """End everything this cluster started; returns the groups still alive after (none)."""
+        for node in sorted(self.nodes):
+            self.remember_groups(node)
+        procs = [n.proc for n in self.nodes.values() if n.proc is not None]
+        for proc in procs:  # agents first: they stop their shards on SIGTERM
+            _killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=STOP_GRACE_S)
+        if self.controller is not None:
+            _killpg(self.controller.pid, signal.SIGTERM)
+            try:
+                self.controller.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _killpg(self.controller.pid, signal.SIGKILL)
+                self.controller.wait(timeout=STOP_GRACE_S)
+        for pgid in sorted(self.started_groups):
+            _killpg(pgid, signal.SIGKILL)
+        for n in self.nodes.values():
+            await n.to_controller.close()
+            await n.to_agent.close()
+        for log in self._logs:
+            log.close()
+        return _alive_after(sorted(self.started_groups))
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _alive_after(groups: list[int]) -> list[int]:
+    """Groups that still have a live member once a bounded grace has passed."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    alive = groups
+    while alive and time.monotonic() < deadline:
+        alive = [g for g in alive if _group_alive(g)]
+        if alive:
+            time.sleep(0.05)  # SIGKILLed processes being reaped by their parents
+    return alive
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a group of zombies answers too: count only members that are not zombies
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

