@@ -6,11 +6,13 @@ and one mixed cluster with a real llama-server.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from llmgw_twin.cli import main
 from llmgw_twin.engines.tiny_gguf import write_tiny_gguf
 from llmgw_twin.realmode.runner import engine_binaries, run_real
 from llmgw_twin.twin.loader import load_scenario, load_scenario_text
@@ -34,17 +36,44 @@ def our_processes() -> set[int]:
     return found
 
 
-def test_node_loss_on_real_processes_passes_and_leaves_nothing_running() -> None:
+def test_run_real_node_loss_passes_leaves_nothing_running_and_compares_with_the_twin(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     before = our_processes()
-    result = run_real(load_scenario(ROOT / "scenarios" / "node-loss.yaml"), time_scale=0.1)
+    path = str(ROOT / "scenarios" / "node-loss.yaml")
+    code = main(["run", "--real", "--time-scale", "0.1", "--compare", "--json", path])
+    report = json.loads(capsys.readouterr().out)
+    failures = [e["message"] for e in report["expectations"] if not e["passed"]]
+    failures += [v for i in report["invariants"] for v in i["violations"]]
+    assert code == 0 and report["passed"], "\n".join(failures)
+    assert report["left_running"] == []
+    assert our_processes() - before == set()
+    lost = [e for e in report["events"] if e["kind"] == "node.lost"]
+    assert [e["node"] for e in lost] == ["node02"]
+    assert report["answered"].get("llama-70b", 0) > 0  # the router answered real requests
+    rows = {r["expectation"].split(" within")[0]: r for r in report["fidelity"]["rows"]}
+    lost_row = rows["event node.lost node=node02"]
+    # the twin and the real run agree on loss detection within a scaled heartbeat interval
+    assert abs(lost_row["difference_ms"]) <= 1_000 + report["tolerance_ms"]
+
+
+def test_a_partition_is_a_real_network_cut() -> None:
+    before = our_processes()
+    result = run_real(load_scenario(ROOT / "scenarios" / "partition.yaml"), time_scale=0.1)
     failures = [f"{o.text}: {o.message}" for o in result.expectations if not o.passed]
     failures += [f"{i.name}: {v}" for i in result.invariants for v in i.violations]
     assert result.passed, "\n".join(failures)
-    assert result.left_running == []
+    kinds = [(e.kind, e.get("node")) for e in result.trace if e.get("node") == "node03"]
+    # cut off, suspected, back; cut off for longer, lost, back: its orphans were stopped
+    assert [k for k, _ in kinds if k.startswith("node.")] == [
+        "node.joined",
+        "node.suspect",
+        "node.recovered",
+        "node.suspect",
+        "node.lost",
+        "node.recovered",
+    ]
     assert our_processes() - before == set()
-    lost = [e for e in result.trace if e.kind == "node.lost"]
-    assert [e.get("node") for e in lost] == ["node02"]
-    assert result.answered.get("llama-70b", 0) > 0  # the router answered real requests
 
 
 MIXED = """\

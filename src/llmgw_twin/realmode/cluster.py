@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,10 +31,18 @@ from llmgw_twin.twin.scenario import Scenario
 from llmgw_twin.twin.units import fmt_duration
 
 PORTS_PER_NODE = 100
-FIRST_AGENT_PORT = 21000
-FIRST_ENGINE_PORT = 23000
+ENGINE_PORTS_FROM = 23000
+ENGINE_PORTS_SLOTS = 400
+"""Engine port ranges start at 23000 + 100 * (a slot drawn from this run's pid), so two runs on
+one machine at once do not share ranges (the agents' own ports are free ports)."""
 STARTUP_DEADLINE_S = 30.0
 STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def node_address(index: int) -> str:
@@ -70,6 +79,8 @@ class RealCluster:
         self.nodes: dict[NodeId, NodeProcs] = {}
         self.started_groups: set[int] = set()
         self._logs: list[TextIO] = []
+        slot = os.getpid() % (ENGINE_PORTS_SLOTS - len(scenario.nodes))
+        self._engine_ports_from = ENGINE_PORTS_FROM + slot * PORTS_PER_NODE
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
 
     # --- configuration -----------------------------------------------------------------------
@@ -114,13 +125,13 @@ class RealCluster:
             write_sysfs_root(
                 root, gpus=info.gpus, fabric_prefix=fabric_prefix_for(info.fabric), node=info.node
             )
-            agent_port = FIRST_AGENT_PORT + i
+            agent_port = free_port()
             to_controller = CuttableProxy("127.0.0.1", self.controller_port)
             to_agent = CuttableProxy("127.0.0.1", agent_port)
             await to_controller.start()
             await to_agent.start()
             engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
-            first = FIRST_ENGINE_PORT + i * PORTS_PER_NODE
+            first = self._engine_ports_from + i * PORTS_PER_NODE
             config = {
                 "node": info.node,
                 "controller": f"http://127.0.0.1:{to_controller.port}",

@@ -20,6 +20,7 @@ class CuttableProxy:
         self.cut_now = False
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -31,6 +32,11 @@ class CuttableProxy:
         self.cut()
         if self._server is not None:
             self._server.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
             await self._server.wait_closed()
 
     def cut(self) -> None:
@@ -52,9 +58,16 @@ class CuttableProxy:
             writer.close()
             return
         self._open.update((writer, up_writer))
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
         try:
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        except asyncio.CancelledError:
+            pass  # the proxy is closing: the connection ends with it
         finally:
+            if task is not None:
+                self._tasks.discard(task)
             for w in (writer, up_writer):
                 self._open.discard(w)
                 w.close()

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import httpx
 from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.control.service.wire import TraceEventW
 from llmgw_twin.realmode.checks import RealInvariants, judge_state_real
-from llmgw_twin.realmode.cluster import RealCluster
+from llmgw_twin.realmode.cluster import RealCluster, free_port
 from llmgw_twin.twin.expect import Outcome, judge_event
 from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.runner import InvariantResult
@@ -72,12 +71,6 @@ class RealResult:
             and not any(i.enabled and i.violations for i in self.invariants)
             and not self.left_running
         )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def engine_binaries() -> dict[str, dict[str, str]]:
