@@ -126,6 +126,25 @@ def cuda_env(spec: ShardSpec) -> tuple[tuple[str, str], ...]:
     return (("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in spec.gpus)),)
 
 
+def http_leader_launch(spec: ShardSpec, ctx: LaunchContext, argv: Sequence[str]) -> Launch:
+    """The common shape: rank 0 adds its HTTP address to `argv`, serves on `ctx.http_port` and
+    is ready when `/health` answers 200; other ranks open no client port and are up while their
+    process runs. The profile's extra flags go last, on every rank."""
+    leader = spec.rank == 0
+    full = [*argv]
+    if leader:
+        full += ["--host", ctx.bind_host, "--port", str(ctx.http_port)]
+    full += spec.args
+    return Launch(
+        argv=tuple(full),
+        env=cuda_env(spec),
+        serves_http=leader,
+        port=ctx.http_port if leader else None,
+        health_path="/health" if leader else None,
+        readiness=Readiness.HTTP_200 if leader else Readiness.PROCESS,
+    )
+
+
 def replica_nodes(spec: ShardSpec) -> tuple[NodeId, ...]:
     """Every rank's node; a spec without them may only be a replica of one node."""
     if spec.nodes:

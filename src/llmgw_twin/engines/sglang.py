@@ -20,8 +20,7 @@ from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,
     Program,
-    Readiness,
-    cuda_env,
+    http_leader_launch,
     widest_of,
 )
 
@@ -43,7 +42,6 @@ class SglangAdapter:
     programs: tuple[Program, ...] = (PROGRAM,)
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
-        leader = spec.rank == 0
         argv = [
             ctx.binary or BINARY,
             *SERVE,
@@ -63,17 +61,7 @@ class SglangAdapter:
                 "--dist-init-addr",
                 f"{ctx.leader_host}:{spec.rendezvous_port}",
             ]
-        if leader:
-            argv += ["--host", ctx.bind_host, "--port", str(ctx.http_port)]
-        argv += spec.args
-        return Launch(
-            argv=tuple(argv),
-            env=cuda_env(spec),
-            serves_http=leader,
-            port=ctx.http_port if leader else None,
-            health_path="/health" if leader else None,
-            readiness=Readiness.HTTP_200 if leader else Readiness.PROCESS,
-        )
+        return http_leader_launch(spec, ctx, argv)
 
     def widest(self) -> tuple[Launch, ...]:
         return widest_of(self, LaunchContext(leader_host="node01"))

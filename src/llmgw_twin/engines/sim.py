@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from llmgw_twin import __version__
 from llmgw_twin.control.model import ShardSpec
-from llmgw_twin.engines.base import Launch, LaunchContext, Program, Readiness, widest_of
+from llmgw_twin.engines.base import Launch, LaunchContext, Program, http_leader_launch, widest_of
 
 PROGRAM = Program(
     default_binary="llmgw-twin",
@@ -30,7 +30,6 @@ class SimAdapter:
     programs: tuple[Program, ...] = (PROGRAM,)
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
-        leader = spec.rank == 0
         argv = [
             ctx.binary or "llmgw-twin",
             "sim-engine",
@@ -47,18 +46,7 @@ class SimAdapter:
             "--load-time-ms",
             str(spec.load_time_ms),
         ]
-        if leader:
-            argv += ["--host", ctx.bind_host, "--port", str(ctx.http_port)]
-        argv += list(spec.args)
-        env = (("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in spec.gpus)),)
-        return Launch(
-            argv=tuple(argv),
-            env=env,
-            serves_http=leader,
-            port=ctx.http_port if leader else None,
-            health_path="/health" if leader else None,
-            readiness=Readiness.HTTP_200 if leader else Readiness.PROCESS,
-        )
+        return http_leader_launch(spec, ctx, argv)
 
     def widest(self) -> tuple[Launch, ...]:
         return widest_of(self, LaunchContext(leader_host="node01"))

@@ -20,8 +20,7 @@ from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,
     Program,
-    Readiness,
-    cuda_env,
+    http_leader_launch,
     widest_of,
 )
 
@@ -74,19 +73,9 @@ class VllmAdapter:
                 "--master-port",
                 str(spec.rendezvous_port),
             ]
-        if leader:
-            argv += ["--host", ctx.bind_host, "--port", str(ctx.http_port)]
-        else:
+        if not leader:
             argv.append("--headless")
-        argv += spec.args
-        return Launch(
-            argv=tuple(argv),
-            env=cuda_env(spec),
-            serves_http=leader,
-            port=ctx.http_port if leader else None,
-            health_path="/health" if leader else None,
-            readiness=Readiness.HTTP_200 if leader else Readiness.PROCESS,
-        )
+        return http_leader_launch(spec, ctx, argv)
 
     def widest(self) -> tuple[Launch, ...]:
         return widest_of(self, LaunchContext(leader_host="node01"))
