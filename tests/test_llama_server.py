@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import shutil
 import time
@@ -232,3 +233,22 @@ def test_tiny_model_is_deterministic_small_and_complete(tmp_path: Path) -> None:
     assert {f"<0x{b:02X}>" for b in range(256)} <= set(tokens)  # byte fallback for any text
     names = {t.name for t in reader.tensors}
     assert {"token_embd.weight", "output.weight", "blk.1.ffn_down.weight"} <= names
+
+
+@needs_rpc
+def test_engine_check_accepts_every_flag_against_the_real_binaries(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from llmgw_twin.cli import main
+
+    assert SERVER is not None
+    code = main(["ctl", "engine-check", "--engine", "llamacpp", "--binary", str(SERVER), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["exit"] == 0
+    assert [(p["program"], p["status"], p["truncated"]) for p in report["programs"]] == [
+        ("llama-server", "ok", None),
+        ("ggml-rpc-server", "ok", None),
+    ]
+    flags = [f for p in report["programs"] for f in p["flags"]]
+    assert {"--rpc", "--port", "--host", "--model"} <= {f["flag"] for f in flags}
+    assert all(f["found"] is True for f in flags)
