@@ -103,7 +103,13 @@ def cmd_run_real(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             worst = max(worst, EXIT_INVALID)
             continue
-        result = run_real(scenario, args.time_scale, tolerance_ms)
+
+        def progress(line: str, name: str = scenario.name) -> None:
+            print(f"[{name}] {line}", file=sys.stderr, flush=True)
+
+        result = run_real(
+            scenario, args.time_scale, tolerance_ms, progress=None if args.quiet else progress
+        )
         report: dict[str, object] = to_json(result)
         text = timeline(result) if not args.quiet else verdict(result)
         if args.compare:

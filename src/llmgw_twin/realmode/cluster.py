@@ -108,10 +108,7 @@ class RealCluster:
                 }
                 for p in sc.profiles
             },
-            "deployments": [
-                {"model": d.model, "profile": d.profile, "replicas": d.replicas}
-                for d in sc.deployments
-            ],
+            # no deployments: the run applies them once every agent has registered
         }
         path = self.workdir / "controller.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=True))

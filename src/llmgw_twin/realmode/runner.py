@@ -6,8 +6,10 @@ controller's event log (successive controller processes put on one time line thr
 monotonic clock), judge state assertions on the controller's admin state at their instant, check
 what can be checked of the invariants from outside, and end every process the run started.
 
-The time line's zero is the moment the controller process is spawned; the agents are spawned
-right after it, as in the twin, where they boot at 0.
+The time line's zero is the moment every agent has registered and the deployments are applied
+(the controller starts with the profiles only): real processes take seconds to start where the
+twin's take none, and placement must see the whole fleet, as in the twin. Events from before
+that instant (the joins) have negative times.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from llmgw_twin.realmode.checks import RealInvariants, judge_state_real
 from llmgw_twin.realmode.cluster import RealCluster, free_port
 from llmgw_twin.twin.expect import Outcome, judge_event
 from llmgw_twin.twin.faults import fault_subjects
+from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import (
     EventExpectation,
@@ -44,9 +48,11 @@ from llmgw_twin.twin.scenario import (
     StateExpectation,
 )
 from llmgw_twin.twin.timescale import scale_scenario, widen
+from llmgw_twin.twin.units import fmt_ms
 
 POLL_S = 0.1
 """How often the run reads the controller's event log and state (and probes the router)."""
+REGISTER_DEADLINE_S = 60.0
 SUPPORTED = (KillNode, RestartNode, Partition, KillEngine, RestartController, SetReplicas)
 
 
@@ -87,9 +93,13 @@ def engine_binaries() -> dict[str, dict[str, str]]:
     return out
 
 
+Progress = Callable[[str], None]
+
+
 class RealRun:
-    def __init__(self, scenario: Scenario, workdir: Path) -> None:
+    def __init__(self, scenario: Scenario, workdir: Path, progress: Progress | None = None) -> None:
         self.scenario = scenario
+        self.progress = progress or (lambda _line: None)
         self.cluster = RealCluster(scenario, workdir, free_port())
         self.trace: list[TraceEvent] = []
         self.faults: list[TraceEvent] = []
@@ -108,6 +118,10 @@ class RealRun:
         cluster = self.cluster
         await cluster.prepare_nodes(engine_binaries())
         config = cluster.write_controller_config()
+        self.progress(
+            f"starting a controller and {len(cluster.nodes)} agents; the run lasts "
+            f"{fmt_ms(self.scenario.duration_ms)}"
+        )
         self.t0 = time.monotonic()
         cluster.start_controller(config)
         for node in sorted(cluster.nodes):
@@ -115,6 +129,12 @@ class RealRun:
         assert cluster.controller is not None
         await asyncio.to_thread(cluster.wait_healthy, cluster.controller_url, cluster.controller)
         async with httpx.AsyncClient(timeout=5.0) as client:
+            # Processes take seconds to start where the twin's take none: the run's clock starts
+            # once every agent has registered, with the deployments applied at that instant, so
+            # that placement sees the whole fleet as it does in the twin.
+            await self._wait_registered(client)
+            self.t0 = time.monotonic()
+            await self._deploy(client)
             await asyncio.gather(
                 self._timeline(client), self._follow(client), self._judge_states(client)
             )
@@ -122,6 +142,25 @@ class RealRun:
             state = await self._state(client)
             agents = {n: cluster.agent_state(n) for n in sorted(cluster.nodes)}
             self.checks.at_end(self.now_ms(), state, agents)
+
+    async def _wait_registered(self, client: httpx.AsyncClient) -> None:
+        want = len(self.cluster.nodes)
+        deadline = time.monotonic() + REGISTER_DEADLINE_S
+        while time.monotonic() < deadline:
+            state = await self._state(client)
+            if state is not None and len(state["nodes"]) == want:
+                self.progress(f"all {want} agents registered after {self.now_ms() / 1000:.1f}s")
+                return
+            await asyncio.sleep(POLL_S)
+        raise RuntimeError(f"not every agent registered within {REGISTER_DEADLINE_S}s")
+
+    async def _deploy(self, client: httpx.AsyncClient) -> None:
+        for dep in self.scenario.deployments:
+            r = await client.put(
+                f"{self.cluster.controller_url}/v1/admin/deployments/{dep.model}",
+                json={"profile": dep.profile, "replicas": dep.replicas},
+            )
+            r.raise_for_status()
 
     # --- faults --------------------------------------------------------------------------------
 
@@ -138,9 +177,11 @@ class RealRun:
 
     async def _inject(self, fault: Fault, client: httpx.AsyncClient) -> None:
         cluster = self.cluster
-        self.faults.append(
-            TraceEvent.of(self.now_ms(), "fault.injected", fault=fault.id, **fault_subjects(fault))
+        event = TraceEvent.of(
+            self.now_ms(), "fault.injected", fault=fault.id, **fault_subjects(fault)
         )
+        self.faults.append(event)
+        self.progress(f"+{fmt_ms(event.t_ms)} {event.kind} {describe(event)}")
         match fault.action:
             case KillNode(node=node):
                 await asyncio.to_thread(cluster.kill_node, node)
@@ -214,6 +255,7 @@ class RealRun:
             wire = TraceEventW.model_validate(ev).to_core()
             t = round(base_ms + wire.t_ms)
             self.trace.append(TraceEvent(t, wire.kind, wire.subjects))
+            self.progress(f"+{fmt_ms(t)} {wire.kind} {describe(self.trace[-1])}")
         self._after = int(body["next"])
 
     async def _events(self, client: httpx.AsyncClient, after: int) -> dict[str, Any] | None:
@@ -271,12 +313,18 @@ def check_real_supported(scenario: Scenario) -> None:
             )
 
 
-def run_real(scenario: Scenario, time_scale: float = 0.1, tolerance_ms: int = 2_000) -> RealResult:
-    """Run `scenario` on real processes, every duration times `time_scale`."""
+def run_real(
+    scenario: Scenario,
+    time_scale: float = 0.1,
+    tolerance_ms: int = 2_000,
+    progress: Progress | None = None,
+) -> RealResult:
+    """Run `scenario` on real processes, every duration times `time_scale`; `progress` gets a
+    line per event as the run goes."""
     check_real_supported(scenario)
     scaled = widen(scale_scenario(scenario, time_scale), tolerance_ms)
     with tempfile.TemporaryDirectory(prefix="llmgw-real-") as tmp:
-        run = RealRun(scaled, Path(tmp))
+        run = RealRun(scaled, Path(tmp), progress)
 
         async def main() -> list[int]:
             try:
