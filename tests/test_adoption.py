@@ -218,3 +218,16 @@ def test_a_restart_from_the_store_file_restores_every_placed_replica(tmp_path: P
     assert [(r.id, r.state, r.specs) for r in restored] == [
         (r.id, ReplicaState.ADOPTING, r.specs) for r in ctl.replicas()
     ]
+
+
+def test_a_replica_whose_shards_are_still_preparing_is_adopted_not_failed() -> None:
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    ctl.start(100_000)
+    for name, _ in FOUR:
+        n = NodeId(name)
+        shards = tuple(ShardReport(s, ShardState.PREPARING) for s in old.assigned(n))
+        ctl.handle(NodeRegistered(node(name, dict(FOUR)[name]), shards), 100_002)
+    tick = ctl.tick(101_000)
+    assert kinds(tick) == ["replica.adopted", "replica.adopted", "controller.started"]
+    assert "replica.failed" not in kinds(tick)

@@ -24,6 +24,7 @@ from llmgw_twin.control.protocol import (
     NodeRegistered,
     ReportRequested,
     SendReport,
+    ShardStopped,
     SidecarUp,
     StartEngine,
     StartSidecar,
@@ -53,10 +54,17 @@ def states(agent: AgentCore) -> dict[tuple[str, int], ShardState]:
     return {(r.spec.replica, r.spec.rank): r.state for r in agent.report().shards}
 
 
+def acts(cmds: tuple[object, ...]) -> tuple[object, ...]:
+    """The commands that act on processes (reports left out)."""
+    return tuple(c for c in cmds if not isinstance(c, SendReport))
+
+
 def test_sidecar_first_then_engine_then_reports_each_change() -> None:
     agent = AgentCore(INFO)
     a = spec("r1")
-    assert agent.handle(Assigned((a,))).commands == (StartSidecar(a),)
+    step = agent.handle(Assigned((a,)))
+    assert acts(step.commands) == (StartSidecar(a),)
+    assert states(agent) == {("r1", 0): ShardState.PREPARING}  # reported from acceptance on
     assert agent.handle(SidecarUp(a.key)).commands == (StartEngine(a),)
     step = agent.handle(EngineStarted(a.key, ("eng",)))
     assert [type(c) for c in step.commands] == [SendReport]
@@ -76,24 +84,36 @@ def test_engine_never_starts_before_its_sidecar_is_up() -> None:
     cmds = agent.handle(Assigned((a,))).commands
     assert StartEngine(a) not in cmds
     assert agent.handle(EngineStarted(a.key, ())).commands == ()  # a stray notice is ignored
-    assert agent.report().shards == ()
+    assert states(agent) == {("r1", 0): ShardState.PREPARING}
 
 
-def test_unwanted_shard_is_stopped_and_its_gpus_go_to_the_next_one() -> None:
+def test_unwanted_shard_is_stopped_and_its_gpus_go_to_the_next_one_once_it_has_ended() -> None:
     agent = AgentCore(INFO)
     old, new = spec("r1", gpus=(0, 1)), spec("r2", gpus=(1, 2))
     agent.handle(Assigned((old,)))
     agent.handle(SidecarUp(old.key))
     agent.handle(EngineStarted(old.key, ()))
     cmds = agent.handle(Assigned((new,))).commands
-    assert cmds[:2] == (StopShard(old.key), StartSidecar(new))
+    assert acts(cmds) == (StopShard(old.key),)  # GPU 1 is still the old engine's
+    assert states(agent) == {("r2", 0): ShardState.PREPARING}
+    assert acts(agent.handle(ShardStopped(old.key)).commands) == (StartSidecar(new),)
+    assert acts(agent.handle(ShardStopped(old.key)).commands) == ()  # a repeat changes nothing
+
+
+def test_a_shard_on_other_gpus_starts_while_another_stops() -> None:
+    agent = AgentCore(INFO)
+    old, new = spec("r1", gpus=(0,)), spec("r2", gpus=(1,))
+    agent.handle(Assigned((old,)))
+    agent.handle(SidecarUp(old.key))
+    cmds = agent.handle(Assigned((new,))).commands
+    assert acts(cmds) == (StopShard(old.key), StartSidecar(new))
 
 
 def test_a_shard_waits_while_its_gpus_are_held_by_another_wanted_shard() -> None:
     agent = AgentCore(INFO)
     a, b = spec("r1", gpus=(0,)), spec("r2", gpus=(0,))
     cmds = agent.handle(Assigned((a, b))).commands
-    assert cmds == (StartSidecar(a),)
+    assert acts(cmds) == (StartSidecar(a),)
     agent.handle(SidecarUp(a.key))
     agent.handle(EngineStarted(a.key, ()))
     cmds = agent.handle(EngineExited(a.key, 1)).commands

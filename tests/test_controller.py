@@ -30,9 +30,11 @@ def kinds(step: Step) -> list[str]:
     return [e.kind for e in step.events]
 
 
-def cluster(*nodes: tuple[str, str], replicas: int = 2, nodes_per: int = 2) -> Controller:
+def cluster(
+    *nodes: tuple[str, str], replicas: int = 2, nodes_per: int = 2, gpus_per: int = 4
+) -> Controller:
     ctl = Controller(T)
-    ctl.handle(ApplyProfile(profile("p", nodes=nodes_per)), 0)
+    ctl.handle(ApplyProfile(profile("p", nodes=nodes_per, gpus=gpus_per)), 0)
     ctl.handle(ApplyDeployment(Deployment(M, profile("p").name, replicas)), 0)
     for name, fabric in nodes:
         ctl.handle(NodeRegistered(node(name, fabric)), 0)
@@ -221,3 +223,21 @@ def test_reaped_replicas_are_forgotten_beyond_a_bound() -> None:
     reaped = [r for r in ctl.replicas() if r.state is ReplicaState.REAPED]
     assert len(reaped) == REAPED_KEPT
     assert ctl.replica(ReplicaId("llama-r1")) is None  # the oldest went first
+
+
+def test_a_node_that_registers_again_with_new_facts_stays_schedulable() -> None:
+    ctl = cluster(("n1", "f"), replicas=0, nodes_per=1)
+    ctl.tick(1_000)
+    ctl.handle(NodeRegistered(node("n1", "f", gpus=4), (), incarnation=1), 2_000)  # new GPUs
+    ctl.handle(ApplyDeployment(Deployment(M, profile().name, 1)), 2_000)
+    assert kinds(ctl.tick(3_000)) == ["replica.placed"]
+
+
+def test_scaling_down_retires_an_unplaced_replica_before_a_placed_one() -> None:
+    ctl = cluster(("n1", "f"), replicas=2, nodes_per=1, gpus_per=8)
+    ctl.tick(1_000)  # one replica fits on n1's 8 GPUs, the other stays pending
+    live = {r.id: r.placed for r in ctl.live_replicas(M)}
+    assert sorted(live.values()) == [False, True]
+    ctl.handle(ApplyDeployment(Deployment(M, profile().name, 1)), 2_000)
+    ctl.tick(3_000)
+    assert [r.placed for r in ctl.live_replicas(M)] == [True]

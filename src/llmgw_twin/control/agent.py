@@ -6,8 +6,11 @@ send a report). Its rules:
 
 - a shard's sidecar starts first; its engine starts only once that sidecar is up;
 - a shard the controller no longer wants is stopped, whatever stage it reached;
-- a new shard whose GPUs are still held by a shard being replaced waits until they are free,
-  so no GPU is ever held by two shards on this node;
+- a new shard whose GPUs are still held by a shard being stopped waits until the shell says
+  that shard's processes have ended (`ShardStopped`), so no GPU is ever held by two shards on
+  this node, however long a stop takes;
+- a shard is reported from the moment it is accepted (`preparing` until its engine starts), so
+  a restarted controller finds every shard it placed, started or not;
 - every change of an engine's state is reported at once, and the whole shard set again with
   every heartbeat, so the controller never waits a heartbeat interval to learn of it;
 - asked to report (a restarted controller asks), it registers again with everything it runs;
@@ -34,6 +37,7 @@ from llmgw_twin.control.protocol import (
     NodeRegistered,
     ReportRequested,
     SendReport,
+    ShardStopped,
     SidecarUp,
     StartEngine,
     StartSidecar,
@@ -52,6 +56,9 @@ class Phase(enum.Enum):
 
 
 _REPORTED = {
+    Phase.WAITING: ShardState.PREPARING,
+    Phase.SIDECAR: ShardState.PREPARING,
+    Phase.LAUNCHING: ShardState.PREPARING,
     Phase.ENGINE: ShardState.STARTING,
     Phase.RUNNING: ShardState.RUNNING,
     Phase.SERVING: ShardState.SERVING,
@@ -79,6 +86,8 @@ class AgentCore:
         self.incarnation = incarnation
         self.node = info.node
         self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
+        self._stopping: dict[ShardKey, ShardSpec] = {}
+        """Shards told to stop whose processes may still hold their GPUs."""
         self._report: Heartbeat | None = None
 
     def shards(self) -> list[LocalShard]:
@@ -127,6 +136,11 @@ class AgentCore:
                     shard.phase, shard.endpoint, shard.exit_code = Phase.EXITED, None, code
                     changed = True
                     self._start_waiting(out)
+            case ShardStopped(key=key):
+                if self._stopping.pop(key, None) is not None:
+                    before = len(out)
+                    self._start_waiting(out)
+                    changed = len(out) > before  # a waiting shard moved on
             case HeartbeatDue():
                 out.append(SendReport(self.report()))
             case ReportRequested():
@@ -149,17 +163,21 @@ class AgentCore:
         for key in sorted(self._shards):
             if key not in want or want[key] != self._shards[key].spec:
                 shard = self._shards.pop(key)
+                if shard.holds_gpus():
+                    self._stopping[key] = shard.spec
                 if shard.phase is not Phase.WAITING:
                     out.append(StopShard(key))
                 changed = True
         for key in sorted(want):
             if key not in self._shards:
                 self._shards[key] = LocalShard(want[key], Phase.WAITING)
+                changed = True
         self._start_waiting(out)
         return changed
 
     def _start_waiting(self, out: list[AgentCommand]) -> None:
         held = {g for s in self._shards.values() if s.holds_gpus() for g in s.spec.gpus}
+        held.update(g for spec in self._stopping.values() for g in spec.gpus)
         for key in sorted(self._shards):
             shard = self._shards[key]
             if shard.phase is Phase.WAITING and held.isdisjoint(shard.spec.gpus):

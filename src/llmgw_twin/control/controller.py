@@ -200,7 +200,8 @@ class Controller(ReplicaLifecycle):
         for change in self._health.expire(now_ms):
             self._heard(change)
         for rid in sorted(self._adopting):
-            self._try_adopt(self._replicas[rid])
+            if rid in self._adopting:  # a failure earlier in this pass may have reaped it
+                self._try_adopt(self._replicas[rid])
         if not self._started_reported:
             self._started_reported = True
             self._emit(
@@ -209,7 +210,8 @@ class Controller(ReplicaLifecycle):
                 restored=self._restored_count,
             )
         for rid in sorted(self._dirty_replicas):
-            self._reconcile_replica(rid)
+            if rid in self._dirty_replicas:
+                self._reconcile_replica(rid)
         self._dirty_replicas.clear()
         for model in sorted(self._dirty_models):
             self._reconcile_deployment(model)
@@ -241,7 +243,8 @@ class Controller(ReplicaLifecycle):
         if known != info:
             self._writes.append(PutNode(info))
             self._nodes[info.node] = info
-            self._capacity.add_node(info)
+            self._capacity.add_node(info)  # new facts: re-indexed, unschedulable until heard
+            self._heard_nodes.discard(info.node)
         # a node never seen, or a new agent process on a node seen before, has joined; a
         # known node answering a restarted controller has not
         before = self._incarnations.get(info.node)

@@ -48,6 +48,8 @@ class ReplicaLifecycle:
     _per_fabric: dict[ModelName, dict[FabricId, int]]
     _last_report: dict[NodeId, tuple[ShardReport, ...]]
     _dirty_models: set[ModelName]
+    _dirty_replicas: set[ReplicaId]
+    _adopting: set[ReplicaId]
     _dirty_nodes: set[NodeId]
     _capacity_changed: bool
     _writes: list[Write]
@@ -95,6 +97,8 @@ class ReplicaLifecycle:
             self._replicas_per_fabric(rec.model)[rec.fabric] -= 1
         rec.state = ReplicaState.REAPED
         rec.endpoint = None
+        self._adopting.discard(rec.id)
+        self._dirty_replicas.discard(rec.id)
         self._reaped.append(rec.id)
         if len(self._reaped) > REAPED_KEPT:  # keep recent history, not all of it
             self._replicas.pop(self._reaped.popleft(), None)
@@ -121,12 +125,13 @@ class ReplicaLifecycle:
         while len(live) < want and dep is not None:
             self._new_replica(dep)
         while len(live) > want:
-            # retire the least useful one at a time: not ready before ready, then from the
-            # fabric holding the most replicas of this model, then the newest
+            # retire the least useful one at a time: unplaced before placed, not ready before
+            # ready, then from the fabric holding the most replicas of this model, the newest
             per_fabric = self._replicas_per_fabric(model)
             victim = min(
                 (self._replicas[r] for r in live),
                 key=lambda r: (
+                    r.placed,
                     r.state is ReplicaState.READY,
                     -per_fabric.get(r.fabric, 0) if r.fabric is not None else 0,
                     -r.seq,

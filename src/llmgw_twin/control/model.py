@@ -54,6 +54,7 @@ class ReplicaState(enum.StrEnum):
 class ShardState(enum.StrEnum):
     """A shard as its node agent reports it."""
 
+    PREPARING = "preparing"  # accepted: waiting for its GPUs, or its sidecar starting
     STARTING = "starting"  # sidecar up, engine process started, model loading / joining
     RUNNING = "running"  # a worker that joined its leader; it serves nothing itself
     SERVING = "serving"  # the leader, every worker joined, answering on its endpoint

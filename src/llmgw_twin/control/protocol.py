@@ -137,6 +137,13 @@ class EngineExited:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardStopped:
+    """Every process of a stopped shard has ended: its GPUs are free."""
+
+    key: ShardKey
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatDue:
     """The agent's heartbeat timer fired."""
 
@@ -153,6 +160,7 @@ AgentEvent = (
     | EngineJoined
     | EngineServing
     | EngineExited
+    | ShardStopped
     | HeartbeatDue
     | ReportRequested
 )
@@ -172,7 +180,8 @@ class StartEngine:
 
 @dataclass(frozen=True, slots=True)
 class StopShard:
-    """Stop the shard's engine and sidecar (both, whatever stage it reached)."""
+    """Stop the shard's engine and sidecar (both, whatever stage it reached); the shell answers
+    `ShardStopped` once every process of it has ended."""
 
     key: ShardKey
 

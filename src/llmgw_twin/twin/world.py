@@ -29,6 +29,7 @@ from llmgw_twin.control.protocol import (
     EngineStarted,
     HeartbeatDue,
     SendReport,
+    ShardStopped,
     SidecarUp,
     StartEngine,
     StartSidecar,
@@ -196,9 +197,15 @@ class SimNode:
                 case StopShard(key=key):
                     engine = self.engines.pop(key, None)
                     if engine is not None:
-                        self._stop_engine(engine)
+                        self._stop_engine(engine)  # SIGKILL: gone at once
+                    self._stopped_soon(key)
                 case SendReport(report=report):
                     self.world.send_to_controller(self.name, report)
+
+    def _stopped_soon(self, key: ShardKey) -> None:
+        """Tell the agent the shard's processes are gone, once this step is carried out."""
+        generation = self.generation
+        self.world.later(0, lambda: self.deliver(ShardStopped(key), generation))
 
     def _start_sidecar(self, spec: ShardSpec) -> None:
         generation = self.generation

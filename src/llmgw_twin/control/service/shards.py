@@ -38,6 +38,7 @@ from llmgw_twin.control.protocol import (
     EngineJoined,
     EngineServing,
     EngineStarted,
+    ShardStopped,
     SidecarUp,
 )
 from llmgw_twin.control.service.config import AgentSettings
@@ -162,7 +163,8 @@ class ShardRunner:
 
     def stop(self, key: ShardKey) -> None:
         procs = self._procs.pop(key, None)
-        if procs is None:
+        if procs is None:  # nothing of it runs: its GPUs are free now
+            asyncio.get_running_loop().call_soon(self._feed, ShardStopped(key))
             return
         if procs.task is not None:
             procs.task.cancel()
@@ -328,3 +330,4 @@ class ShardRunner:
         self._note("stopped", procs.spec, None, f"exit codes {codes}")
         self._ports.release(procs.sidecar_port)
         self._ports.release(procs.http_port)
+        self._feed(ShardStopped(procs.spec.key))  # only now may another shard take its GPUs
