@@ -325,8 +325,8 @@ CASES = {
         (33, 9, "faults[0].at: '7m' is 7m00.000s, outside the run [0.000s, 6m00.000s]"),
     ),
     "window after the run": (
-        ("within: [kill, end]", "within: [kill, end+1s]"),
-        (46, 20, "expect[2].within[1]: 'end+1s' is 6m01.000s, outside the run"),
+        ("within: [kill, end]", "within: [end+1s, end+2s]"),
+        (46, 14, "expect[2].within[0]: 'end+1s' is 6m01.000s, outside the run"),
     ),
     "window before the start": (
         ("within: [kill, end]", "within: [start-1ms, end]"),
@@ -732,3 +732,10 @@ def test_the_example_in_the_docs_loads() -> None:
     assert s.name == "node-loss"
     assert [f.at_ms for f in s.faults] == [120_000]
     assert len(s.expectations) == 3
+
+
+def test_a_window_closing_after_the_run_closes_at_its_end() -> None:
+    text = CANONICAL.replace("within: [kill, end]", "within: [kill, end+1m]")
+    exp = load_scenario_text(text).expectations[2]
+    assert isinstance(exp, EventExpectation)
+    assert (exp.start_ms, exp.end_ms) == (120_000, 360_000)

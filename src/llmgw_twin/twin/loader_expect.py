@@ -84,7 +84,7 @@ def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
             within, f"{where}.within must be two times [FROM, TO], got {len(bounds)} item(s)"
         )
     first, start_ms = known.time(bounds[0], f"{where}.within[0]")
-    last, end_ms = known.time(bounds[1], f"{where}.within[1]")
+    last, end_ms = known.time(bounds[1], f"{where}.within[1]", past_end=True)
     if start_ms > end_ms:
         raise yn.Invalid.at(
             within,

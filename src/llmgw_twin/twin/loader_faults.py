@@ -102,10 +102,13 @@ class Known:
             )
         return value
 
-    def time(self, node: Node, where: str) -> tuple[TimeExpr, int]:
-        """A time expression whose fault ids are all resolved, checked to lie inside the run."""
+    def time(self, node: Node, where: str, past_end: bool = False) -> tuple[TimeExpr, int]:
+        """A time expression whose fault ids are all resolved, checked to lie inside the run;
+        with `past_end`, a time after the end is taken as the end (a window's closing time)."""
         expr = _parse(node, where, list(self.fault_at_ms))
         ms = resolve_time(expr, self.fault_at_ms, self.duration_ms)
+        if past_end and ms > self.duration_ms:
+            return expr, self.duration_ms
         self.check_in_run(node, where, expr, ms)
         return expr, ms
 
