@@ -88,6 +88,7 @@ def test_routes_to_ready_catches_a_router_that_misses_failures(
 
     monkeypatch.setattr(Router, "follow", only_ready)
     result = run_scenario(load_scenario(NODE_LOSS))
+    assert not result.passed
     assert any(
         "router picked llama-70b-r1, which is reaped" in v
         for v in violations(result, "routes_to_ready")

@@ -15,6 +15,7 @@ from llmgw_twin.twin.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+NODE_LOSS = ROOT / "scenarios" / "node-loss.yaml"
 
 
 def test_the_suite_is_not_empty() -> None:
@@ -75,7 +76,7 @@ def test_same_trace_across_processes_with_different_hash_seeds() -> None:
     digests = []
     for hash_seed in ("1", "2"):
         out = subprocess.run(
-            [sys.executable, "-m", "llmgw_twin.cli", "run", "--json", str(SCENARIOS[0])],
+            [sys.executable, "-m", "llmgw_twin.cli", "run", "--json", str(NODE_LOSS)],
             env={**os.environ, "PYTHONHASHSEED": hash_seed},
             capture_output=True,
             text=True,

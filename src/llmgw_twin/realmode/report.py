@@ -15,7 +15,7 @@ from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.runner import RealResult
 from llmgw_twin.twin.expect import matches
 from llmgw_twin.twin.report import describe
-from llmgw_twin.twin.runner import RunResult
+from llmgw_twin.twin.runner import RunResult, trace_sha256
 from llmgw_twin.twin.scenario import EventExpectation
 from llmgw_twin.twin.units import fmt_ms
 
@@ -78,6 +78,9 @@ def to_json(result: RealResult) -> dict[str, Any]:
         "scenario": result.scenario.name,
         "file": result.scenario.path,
         "mode": "real",
+        "seed": result.scenario.seed,
+        "virtual_ms": result.scenario.duration_ms,
+        "trace_sha256": trace_sha256(result.trace),
         "time_scale": result.time_scale,
         "tolerance_ms": result.tolerance_ms,
         "passed": result.passed,

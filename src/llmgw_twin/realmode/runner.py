@@ -110,6 +110,9 @@ class RealRun:
         self._after = 0
         self._origin_ns: int | None = None
         self._deployments = {d.model: d for d in scenario.deployments}
+        self._cuts: dict[NodeId, int] = {}
+        self._pending: list[asyncio.TimerHandle] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def now_ms(self) -> int:
         return int((time.monotonic() - self.t0) * 1000)
@@ -138,6 +141,10 @@ class RealRun:
             await asyncio.gather(
                 self._timeline(client), self._follow(client), self._judge_states(client)
             )
+            for handle in self._pending:
+                handle.cancel()
+            for task in list(self._tasks):
+                task.cancel()
             await self._collect(client)
             state = await self._state(client)
             agents = {n: cluster.agent_state(n) for n in sorted(cluster.nodes)}
@@ -191,6 +198,7 @@ class RealRun:
                 cluster.start_agent(node)
             case Partition(nodes=nodes, for_ms=for_ms):
                 for node in nodes:
+                    self._cuts[node] = self._cuts.get(node, 0) + 1
                     cluster.nodes[node].to_controller.cut()
                     cluster.nodes[node].to_agent.cut()
                 asyncio.get_running_loop().call_later(for_ms / 1000, self._heal, nodes)
@@ -198,33 +206,48 @@ class RealRun:
                 await asyncio.to_thread(self._kill_engine, node, model)
             case RestartController(down_for_ms=down_for_ms):
                 await asyncio.to_thread(cluster.kill_controller)
-                await asyncio.sleep(down_for_ms / 1000)
-                cluster.start_controller(cluster.workdir / "controller.yaml")
+                # back after the outage, while later faults keep their own instants
+                restart = asyncio.get_running_loop().call_later(
+                    down_for_ms / 1000,
+                    cluster.start_controller,
+                    cluster.workdir / "controller.yaml",
+                )
+                self._pending.append(restart)
             case SetReplicas(model=model, replicas=replicas):
                 dep = self._deployments[model]
-                body = {"profile": dep.profile, "replicas": replicas}
-                for _ in range(50):  # the operator's client retries while the API is down
-                    with contextlib.suppress(httpx.HTTPError):
-                        r = await client.put(
-                            f"{cluster.controller_url}/v1/admin/deployments/{model}", json=body
-                        )
-                        if r.status_code == 200:
-                            break
-                    await asyncio.sleep(POLL_S)
+                task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             case _:
                 raise AssertionError(fault.action)
 
+    async def _set_replicas(
+        self, client: httpx.AsyncClient, model: str, profile: str, replicas: int
+    ) -> None:
+        """The operator's call; its client retries while the API is down, until the run ends."""
+        url = f"{self.cluster.controller_url}/v1/admin/deployments/{model}"
+        while self.now_ms() < self.scenario.duration_ms:
+            with contextlib.suppress(httpx.HTTPError):
+                r = await client.put(url, json={"profile": profile, "replicas": replicas})
+                if r.status_code == 200:
+                    return
+            await asyncio.sleep(POLL_S)
+        self.progress(f"set_replicas {model}={replicas} never reached the controller")
+
     def _heal(self, nodes: tuple[NodeId, ...]) -> None:
-        for node in nodes:
-            self.cluster.nodes[node].to_controller.heal()
-            self.cluster.nodes[node].to_agent.heal()
+        for node in nodes:  # overlapping partitions: the link heals with the last
+            self._cuts[node] -= 1
+            if self._cuts[node] == 0:
+                self.cluster.nodes[node].to_controller.heal()
+                self.cluster.nodes[node].to_agent.heal()
 
     def _kill_engine(self, node: NodeId, model: ModelName) -> None:
         state = self.cluster.agent_state(node) or {}
         for shard in sorted(state.get("shards", []), key=lambda s: (s["replica"], s["rank"])):
             pid = shard.get("engine_pid")
             replica_of = str(shard.get("replica", "")).rsplit("-r", 1)[0]
-            if replica_of == model and isinstance(pid, int):
+            alive = shard.get("phase") not in ("exited", "waiting")
+            if replica_of == model and alive and isinstance(pid, int):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 return

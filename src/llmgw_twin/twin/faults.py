@@ -9,7 +9,7 @@ admin entry point like an API call.
 
 from __future__ import annotations
 
-from llmgw_twin.control.model import Deployment, TraceEvent
+from llmgw_twin.control.model import Deployment, NodeId, TraceEvent
 from llmgw_twin.control.protocol import ApplyDeployment
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.scenario import (
@@ -66,6 +66,8 @@ def schedule_faults(
                 f"(supported: {', '.join(SUPPORTED)})"
             )
 
+    cuts: dict[NodeId, int] = {}
+
     def inject(fault: Fault) -> None:
         subjects = fault_subjects(fault)
         trace.append(TraceEvent.of(world.now, "fault.injected", fault=fault.id, **subjects))
@@ -79,9 +81,10 @@ def schedule_faults(
                 deployments[model] = Deployment(dep.model, dep.profile, replicas)
                 controller.operator(ApplyDeployment(deployments[model]))
             case Partition(nodes=nodes, for_ms=for_ms):
-                for node in nodes:
+                for node in nodes:  # overlapping partitions: the link heals with the last
+                    cuts[node] = cuts.get(node, 0) + 1
                     world.network.cut_from_controller(node)
-                world.later(for_ms, lambda: _heal(world, nodes))
+                world.later(for_ms, lambda: _heal(world, nodes, cuts))
             case RestartController(down_for_ms=down_for_ms):
                 controller.crash()
                 world.later(down_for_ms, controller.restart)
@@ -98,9 +101,11 @@ def schedule_faults(
         world.later(fault.at_ms, lambda f=fault: inject(f))  # type: ignore[misc]
 
 
-def _heal(world: World, nodes: tuple[str, ...]) -> None:
+def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> None:
     for node in nodes:
-        world.network.rejoin_controller(node)  # type: ignore[arg-type]
+        cuts[node] -= 1
+        if cuts[node] == 0:
+            world.network.rejoin_controller(node)
 
 
 def fault_subjects(fault: Fault) -> dict[str, object]:
