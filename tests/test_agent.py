@@ -20,6 +20,7 @@ from llmgw_twin.control.protocol import (
     EngineJoined,
     EngineServing,
     EngineStarted,
+    GpuFailed,
     HeartbeatDue,
     NodeRegistered,
     ReportRequested,
@@ -160,3 +161,12 @@ def test_asked_to_report_it_registers_again_with_everything_it_runs() -> None:
     assert isinstance(reg, NodeRegistered)
     assert (reg.info, reg.incarnation) == (INFO, 3)
     assert [(r.spec, r.state) for r in reg.shards] == [(a, ShardState.STARTING)]
+
+
+def test_a_failed_gpu_is_reported_from_then_on() -> None:
+    agent = AgentCore(INFO)
+    (cmd,) = agent.handle(GpuFailed(3)).commands
+    assert isinstance(cmd, SendReport) and cmd.report.failed_gpus == (3,)
+    assert agent.handle(GpuFailed(3)).commands == ()  # old news
+    assert agent.report().failed_gpus == (3,)
+    assert agent.registration().failed_gpus == (3,)

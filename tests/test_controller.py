@@ -241,3 +241,19 @@ def test_scaling_down_retires_an_unplaced_replica_before_a_placed_one() -> None:
     ctl.handle(ApplyDeployment(Deployment(M, profile().name, 1)), 2_000)
     ctl.tick(3_000)
     assert [r.placed for r in ctl.live_replicas(M)] == [True]
+
+
+def test_a_failed_gpu_reported_by_its_agent_is_never_placed_on_again() -> None:
+    ctl = cluster(("n1", "f"), replicas=1, nodes_per=1, gpus_per=4)
+    ctl.tick(1_000)
+    (first,) = ctl.assigned(NodeId("n1"))
+    assert first.gpus == (0, 1, 2, 3)
+    dead = ShardReport(first, ShardState.EXITED, None, 1, ())
+    ctl.handle(Heartbeat(NodeId("n1"), (dead,), failed_gpus=(2,)), 2_000)
+    step = ctl.tick(3_000)
+    assert kinds(step) == ["replica.placed"]
+    (second,) = ctl.assigned(NodeId("n1"))
+    assert second.gpus == (0, 1, 3, 4)
+    # and with only three healthy GPUs left free after this one, nothing more fits there
+    ctl.handle(ApplyDeployment(Deployment(M, profile().name, 2)), 4_000)
+    assert kinds(ctl.tick(5_000)) == ["replica.unplaceable"]

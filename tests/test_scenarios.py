@@ -28,6 +28,8 @@ def test_the_suite_is_not_empty() -> None:
         "controller-restart-healthy",
         "controller-restart-node-died",
         "controller-restart-mid-failover",
+        "gpu-failure",
+        "fabric-down",
     } <= names
 
 

@@ -14,6 +14,7 @@ send a report). Its rules:
 - every change of an engine's state is reported at once, and the whole shard set again with
   every heartbeat, so the controller never waits a heartbeat interval to learn of it;
 - asked to report (a restarted controller asks), it registers again with everything it runs;
+- a failed GPU is reported with every heartbeat from then on;
 - an exited engine stays reported (with its exit code) until the controller drops the shard.
 """
 
@@ -32,6 +33,7 @@ from llmgw_twin.control.protocol import (
     EngineJoined,
     EngineServing,
     EngineStarted,
+    GpuFailed,
     Heartbeat,
     HeartbeatDue,
     NodeRegistered,
@@ -86,6 +88,7 @@ class AgentCore:
         self.incarnation = incarnation
         self.node = info.node
         self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
+        self._failed_gpus: set[int] = set()
         self._stopping: dict[ShardKey, ShardSpec] = {}
         """Shards told to stop whose processes may still hold their GPUs."""
         self._report: Heartbeat | None = None
@@ -102,12 +105,13 @@ class AgentCore:
                 for s in self.shards()
                 if s.phase in _REPORTED
             )
-            self._report = Heartbeat(self.node, reports)
+            self._report = Heartbeat(self.node, reports, tuple(sorted(self._failed_gpus)))
         return self._report
 
     def registration(self) -> NodeRegistered:
         """What the agent sends when it starts, and whenever the controller asks."""
-        return NodeRegistered(self.info, self.report().shards, self.incarnation)
+        report = self.report()
+        return NodeRegistered(self.info, report.shards, self.incarnation, report.failed_gpus)
 
     def handle(self, event: AgentEvent) -> AgentStep:
         out: list[AgentCommand] = []
@@ -141,6 +145,9 @@ class AgentCore:
                     before = len(out)
                     self._start_waiting(out)
                     changed = len(out) > before  # a waiting shard moved on
+            case GpuFailed(gpu=gpu):
+                changed = gpu not in self._failed_gpus
+                self._failed_gpus.add(gpu)
             case HeartbeatDue():
                 out.append(SendReport(self.report()))
             case ReportRequested():

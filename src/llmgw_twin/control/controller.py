@@ -137,12 +137,14 @@ class Controller(ReplicaLifecycle):
         match event:
             case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
                 self._register(info, now_ms, incarnation)
+                self._gpus_failed(info.node, event.failed_gpus)
                 self._observe(info.node, shards)
             case Heartbeat(node=node, shards=shards):
                 if node not in self._nodes:
                     # unknown here (registered while this controller was down, say)
                     return Step(commands=(RequestReport(node),))
                 self._hear(node, now_ms)
+                self._gpus_failed(node, event.failed_gpus)
                 self._observe(node, shards)
             case ApplyProfile(profile=profile):
                 self._profiles[profile.name] = profile
@@ -256,6 +258,12 @@ class Controller(ReplicaLifecycle):
             self._emit("node.joined", node=info.node, fabric=info.fabric)
         self._hear(info.node, now_ms, announce=not joined)
         self._dirty_nodes.add(info.node)
+
+    def _gpus_failed(self, node: NodeId, gpus: tuple[int, ...]) -> None:
+        """A failed GPU is never offered again (the replica using it fails by its exit)."""
+        for gpu in gpus:
+            if self._capacity.fail_gpu(node, gpu):
+                self._capacity_changed = True
 
     def _hear(self, node: NodeId, now_ms: int, announce: bool = True) -> None:
         """A node spoke: it is alive, and once heard it may be placed on."""

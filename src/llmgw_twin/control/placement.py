@@ -100,13 +100,17 @@ class CapacityIndex:
                     bisect.insort(cap.free, g)
         self._index(cap)
 
-    def fail_gpu(self, node: NodeId, gpu: int) -> None:
-        """A failed GPU is never offered again (its booking, if any, is released by the caller)."""
+    def fail_gpu(self, node: NodeId, gpu: int) -> bool:
+        """A failed GPU is never offered again (its booking, if any, is released by the caller).
+        Returns whether this is news."""
         cap = self._nodes[node]
+        if gpu in cap.failed or not 0 <= gpu < cap.info.gpus:
+            return False
         self._unindex(cap)
         cap.failed.add(gpu)
         cap.free = [g for g in cap.free if g != gpu]
         self._index(cap)
+        return True
 
     def free_gpus(self, node: NodeId) -> tuple[int, ...]:
         return tuple(self._nodes[node].free)

@@ -33,14 +33,17 @@ class NodeRegistered:
     info: NodeInfo
     shards: tuple[ShardReport, ...] = ()
     incarnation: int = 0
+    failed_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """An agent is alive and runs exactly these shards."""
+    """An agent is alive, runs exactly these shards, and has these GPUs failed (never to be
+    placed on again)."""
 
     node: NodeId
     shards: tuple[ShardReport, ...] = ()
+    failed_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,13 @@ class ShardStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFailed:
+    """The node's inventory found a GPU failed (an Xid error, fallen off the bus)."""
+
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatDue:
     """The agent's heartbeat timer fired."""
 
@@ -161,6 +171,7 @@ AgentEvent = (
     | EngineServing
     | EngineExited
     | ShardStopped
+    | GpuFailed
     | HeartbeatDue
     | ReportRequested
 )

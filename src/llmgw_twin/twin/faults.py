@@ -9,11 +9,13 @@ admin entry point like an API call.
 
 from __future__ import annotations
 
-from llmgw_twin.control.model import Deployment, NodeId, TraceEvent
+from llmgw_twin.control.model import Deployment, FabricId, NodeId, TraceEvent
 from llmgw_twin.control.protocol import ApplyDeployment
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
+    FabricDown,
+    FailGpu,
     Fault,
     KillEngine,
     KillNode,
@@ -29,25 +31,11 @@ ENGINE_CRASH_EXIT_CODE = 137
 """What a killed engine process exits with (128 + SIGKILL)."""
 
 
-class UnsupportedFault(Exception):
-    pass
-
-
 def _action_name(fault: Fault) -> str:
     for key, cls in FAULT_KEYS.items():
         if isinstance(fault.action, cls):
             return key
     raise AssertionError(fault.action)
-
-
-SUPPORTED = (
-    "kill_node",
-    "restart_node",
-    "set_replicas",
-    "partition",
-    "kill_engine",
-    "restart_controller",
-)
 
 
 def schedule_faults(
@@ -56,17 +44,11 @@ def schedule_faults(
     controller: ControllerShell,
     trace: list[TraceEvent],
 ) -> None:
-    """Check every fault is one the twin can inject, then put each on the timeline."""
+    """Put every fault of the scenario on the timeline (the twin models every action)."""
     deployments = {d.model: d for d in scenario.deployments}
-    for fault in scenario.faults:
-        name = _action_name(fault)
-        if name not in SUPPORTED:
-            raise UnsupportedFault(
-                f"{scenario.path}:{fault.line}: fault {name} is not supported by the twin yet "
-                f"(supported: {', '.join(SUPPORTED)})"
-            )
 
     cuts: dict[NodeId, int] = {}
+    downs: dict[FabricId, int] = {}
 
     def inject(fault: Fault) -> None:
         subjects = fault_subjects(fault)
@@ -88,6 +70,14 @@ def schedule_faults(
             case RestartController(down_for_ms=down_for_ms):
                 controller.crash()
                 world.later(down_for_ms, controller.restart)
+            case FailGpu(node=node, gpu=gpu):
+                world.nodes[node].fail_gpu(gpu)
+            case FabricDown(fabric=fabric, for_ms=for_ms):
+                downs[fabric] = downs.get(fabric, 0) + 1
+                world.network.cut_fabric(fabric)
+                for node in world.network.fabric_links(fabric):
+                    world.nodes[node].lose_peers()
+                world.later(for_ms, lambda: _restore(world, fabric, downs))
             case KillEngine(node=node, replica_of=model):
                 sim_node = world.nodes[node]
                 for engine in sim_node.engines_sorted():
@@ -99,6 +89,12 @@ def schedule_faults(
 
     for fault in scenario.faults:
         world.later(fault.at_ms, lambda f=fault: inject(f))  # type: ignore[misc]
+
+
+def _restore(world: World, fabric: FabricId, downs: dict[FabricId, int]) -> None:
+    downs[fabric] -= 1
+    if downs[fabric] == 0:
+        world.network.restore_fabric(fabric)
 
 
 def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> None:
@@ -120,5 +116,9 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
             return {"action": "kill_engine", "node": node, "model": model}
         case RestartController(down_for_ms=down_for_ms):
             return {"action": "restart_controller", "down_for_ms": down_for_ms}
+        case FailGpu(node=node, gpu=gpu):
+            return {"action": "fail_gpu", "node": node, "gpu": gpu}
+        case FabricDown(fabric=fabric):
+            return {"action": "fabric_down", "fabric": fabric}
         case _:
             return {"action": _action_name(fault)}

@@ -14,7 +14,18 @@ from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.twin.runner import RunResult
 from llmgw_twin.twin.units import fmt_ms
 
-_ORDER = ("fault", "action", "node", "nodes", "fabric", "model", "replica", "rank", "replicas")
+_ORDER = (
+    "fault",
+    "action",
+    "node",
+    "gpu",
+    "nodes",
+    "fabric",
+    "model",
+    "replica",
+    "rank",
+    "replicas",
+)
 _LATER = ("adopted", "restored", "ready", "down_for_ms", "reason")
 
 

@@ -21,7 +21,7 @@ from llmgw_twin.control.protocol import ControllerEvent
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.expect import Outcome, judge_event, judge_state
-from llmgw_twin.twin.faults import UnsupportedFault, schedule_faults
+from llmgw_twin.twin.faults import schedule_faults
 from llmgw_twin.twin.network import Network
 from llmgw_twin.twin.scenario import EventExpectation, Scenario, StateExpectation
 from llmgw_twin.twin.world import World
@@ -100,10 +100,7 @@ def run_scenario(scenario: Scenario, seed: int | None = None) -> RunResult:
         env, scenario.nodes, network, scenario.timings, random.Random(run_seed), to_controller
     )
     shell = ControllerShell(scenario, world, trace)
-    try:
-        schedule_faults(scenario, world, shell, trace)
-    except UnsupportedFault as e:
-        raise UnsupportedScenario(str(e)) from None
+    schedule_faults(scenario, world, shell, trace)
     for name in sorted(world.nodes):
         world.nodes[name].boot()
 

@@ -135,6 +135,7 @@ EVENT_SUBJECTS: tuple[str, ...] = (
     "restored",
     "ready",
     "down_for_ms",
+    "gpu",
 )
 """Subject fields an event may carry, and so the filters an event expectation may use."""
 

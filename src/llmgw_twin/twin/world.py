@@ -27,6 +27,7 @@ from llmgw_twin.control.protocol import (
     EngineJoined,
     EngineServing,
     EngineStarted,
+    GpuFailed,
     HeartbeatDue,
     SendReport,
     ShardStopped,
@@ -41,6 +42,8 @@ from llmgw_twin.twin.network import Network
 
 SIDECAR_START_MS = 100
 """Time from starting a shard's sidecar to it being up."""
+PEER_LOST_EXIT_CODE = 1
+"""What an engine exits with when a GPU under it fails or its replica's fabric goes down."""
 JOIN_RETRY_MS = 1_000
 """How often a worker that cannot reach its leader's rendezvous point tries again."""
 
@@ -88,6 +91,7 @@ class World:
         self.gpu_violations: list[str] = []
         self.waiting: dict[ReplicaId, list[SimEngine]] = {}
         """Workers started before their leader bound its rendezvous point."""
+        self.failed_gpus: set[tuple[NodeId, int]] = set()
         self.engine_starts = 0
         self.engine_start_times: list[int] = []
 
@@ -220,6 +224,9 @@ class SimNode:
         self.world.engine_starts += 1
         self.world.engine_start_times.append(self.world.now)
         self.deliver(EngineStarted(spec.key, launch.argv), self.generation)
+        if any((self.name, g) in self.world.failed_gpus for g in spec.gpus):
+            self.kill_engine(spec.key, PEER_LOST_EXIT_CODE)  # a failed GPU: it dies at once
+            return
         self.world.later(spec.load_time_ms, lambda: self._loaded(engine))
         if spec.rank == 0:
             for worker in self.world.waiting.pop(spec.replica, []):
@@ -275,6 +282,20 @@ class SimNode:
             self._maybe_up(engine)
 
         self.world.later(latency, arrive)
+
+    def fail_gpu(self, gpu: int) -> None:
+        """A GPU fails: the engine on it dies, and the agent's inventory notices the GPU."""
+        self.world.failed_gpus.add((self.name, gpu))
+        for engine in self.engines_sorted():
+            if gpu in engine.spec.gpus:
+                self.kill_engine(engine.key, PEER_LOST_EXIT_CODE)
+        self.deliver(GpuFailed(gpu), self.generation)
+
+    def lose_peers(self) -> None:
+        """The node's fabric went down: every multi-node engine here loses its peers and exits."""
+        for engine in self.engines_sorted():
+            if engine.spec.shard_count > 1:
+                self.kill_engine(engine.key, PEER_LOST_EXIT_CODE)
 
     def kill_engine(self, key: ShardKey, exit_code: int) -> None:
         """The engine process dies on its own; the agent notices and reports the exit."""

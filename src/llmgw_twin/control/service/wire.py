@@ -203,9 +203,15 @@ class NodeRegisteredW(Wire):
     shards: list[ShardReportW] = []
     incarnation: Annotated[int, Strict()]
     agent_url: Url
+    failed_gpus: list[Count] = []
 
     def to_core(self) -> p.NodeRegistered:
-        return p.NodeRegistered(self.info.to_core(), _reports(self.shards), self.incarnation)
+        return p.NodeRegistered(
+            self.info.to_core(),
+            _reports(self.shards),
+            self.incarnation,
+            tuple(sorted(set(self.failed_gpus))),
+        )
 
     @staticmethod
     def from_core(m: p.NodeRegistered, agent_url: str) -> NodeRegisteredW:
@@ -214,19 +220,26 @@ class NodeRegisteredW(Wire):
             shards=[ShardReportW.from_core(s) for s in m.shards],
             incarnation=m.incarnation,
             agent_url=agent_url,
+            failed_gpus=list(m.failed_gpus),
         )
 
 
 class HeartbeatW(Wire):
     node: Name
     shards: list[ShardReportW] = []
+    failed_gpus: list[Count] = []
 
     def to_core(self) -> p.Heartbeat:
-        return p.Heartbeat(NodeId(self.node), _reports(self.shards))
+        failed = tuple(sorted(set(self.failed_gpus)))
+        return p.Heartbeat(NodeId(self.node), _reports(self.shards), failed)
 
     @staticmethod
     def from_core(m: p.Heartbeat) -> HeartbeatW:
-        return HeartbeatW(node=m.node, shards=[ShardReportW.from_core(s) for s in m.shards])
+        return HeartbeatW(
+            node=m.node,
+            shards=[ShardReportW.from_core(s) for s in m.shards],
+            failed_gpus=list(m.failed_gpus),
+        )
 
 
 class ReportReplyW(Wire):
