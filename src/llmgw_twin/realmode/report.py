@@ -14,7 +14,7 @@ from typing import Any
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.runner import RealResult
 from llmgw_twin.twin.expect import matches
-from llmgw_twin.twin.report import describe
+from llmgw_twin.twin.report import describe, judged_json, judged_lines
 from llmgw_twin.twin.runner import RunResult, trace_sha256
 from llmgw_twin.twin.scenario import EventExpectation
 from llmgw_twin.twin.units import fmt_ms
@@ -41,19 +41,7 @@ def timeline(result: RealResult) -> str:
     ]
     for ev in result.trace:
         lines.append(f"  {'+' + fmt_ms(ev.t_ms):>13}  {ev.kind:<20} {describe(ev)}")
-    lines.append("expectations")
-    for o in result.expectations:
-        lines.append(f"  {'PASS' if o.passed else 'FAIL'}  line {o.line:<4} {o.text}")
-        lines.append(f"  {'':>4}  {'':9} {o.message}")
-    lines.append("invariants")
-    for inv in result.invariants:
-        if not inv.enabled:
-            lines.append(f"  off   {inv.name}: {inv.off_reason}")
-            continue
-        lines.append(
-            f"  {'ok  ' if not inv.violations else 'FAIL'}  {inv.name} ({inv.checks} checks)"
-        )
-        lines.extend(f"          {v}" for v in inv.violations)
+    lines.extend(judged_lines(result.expectations, result.invariants))
     if result.left_running:
         lines.append(f"left running: process groups {result.left_running}")
     lines.append(verdict(result))
@@ -88,19 +76,7 @@ def to_json(result: RealResult) -> dict[str, Any]:
         "left_running": result.left_running,
         "answered": result.answered,
         "events": [ev.as_dict() for ev in result.trace],
-        "expectations": [
-            {"text": o.text, "line": o.line, "passed": o.passed, "message": o.message}
-            for o in result.expectations
-        ],
-        "invariants": [
-            {
-                "name": i.name,
-                "enabled": i.enabled,
-                "checks": i.checks,
-                "violations": list(i.violations),
-            }
-            for i in result.invariants
-        ],
+        **judged_json(result.expectations, result.invariants),
     }
 
 

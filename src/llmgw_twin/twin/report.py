@@ -8,10 +8,12 @@ the argv each shard was started with, then every expectation and invariant, then
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from llmgw_twin.control.model import TraceEvent
-from llmgw_twin.twin.runner import RunResult
+from llmgw_twin.twin.expect import Outcome
+from llmgw_twin.twin.runner import InvariantResult, RunResult
 from llmgw_twin.twin.units import fmt_ms
 
 _ORDER = (
@@ -40,9 +42,18 @@ def to_json(result: RunResult, wall_ms: int) -> dict[str, Any]:
         "wall_ms": wall_ms,
         "engine_starts": result.engine_starts,
         "events": [ev.as_dict() for ev in result.trace],
+        **judged_json(result.expectations, result.invariants),
+    }
+
+
+def judged_json(
+    expectations: Sequence[Outcome], invariants: Sequence[InvariantResult]
+) -> dict[str, Any]:
+    """The `expectations` and `invariants` of a JSON report (the twin's and real mode's)."""
+    return {
         "expectations": [
             {"text": o.text, "line": o.line, "passed": o.passed, "message": o.message}
-            for o in result.expectations
+            for o in expectations
         ],
         "invariants": [
             {
@@ -52,9 +63,29 @@ def to_json(result: RunResult, wall_ms: int) -> dict[str, Any]:
                 "checks": i.checks,
                 "violations": list(i.violations),
             }
-            for i in result.invariants
+            for i in invariants
         ],
     }
+
+
+def judged_lines(
+    expectations: Sequence[Outcome], invariants: Sequence[InvariantResult]
+) -> list[str]:
+    """The expectations and invariants part of a timeline (the twin's and real mode's)."""
+    lines = ["expectations"]
+    for o in expectations:
+        mark = "PASS" if o.passed else "FAIL"
+        lines.append(f"  {mark}  line {o.line:<4} {o.text}")
+        lines.append(f"  {'':>4}  {'':9} {o.message}")
+    lines.append("invariants")
+    for inv in invariants:
+        if not inv.enabled:
+            lines.append(f"  off   {inv.name}: {inv.off_reason}")
+            continue
+        mark = "ok  " if not inv.violations else "FAIL"
+        lines.append(f"  {mark}  {inv.name} ({inv.checks} checks)")
+        lines.extend(f"          {v}" for v in inv.violations)
+    return lines
 
 
 def _value(v: object) -> str:
@@ -86,19 +117,7 @@ def timeline(result: RunResult, wall_ms: int) -> str:
         argv = ev.get("argv")
         if isinstance(argv, tuple) and argv:
             lines.append(f"  {'':>13}  {'':<20} $ {shlex.join(str(a) for a in argv)}")
-    lines.append("expectations")
-    for o in result.expectations:
-        mark = "PASS" if o.passed else "FAIL"
-        lines.append(f"  {mark}  line {o.line:<4} {o.text}")
-        lines.append(f"  {'':>4}  {'':9} {o.message}")
-    lines.append("invariants")
-    for inv in result.invariants:
-        if not inv.enabled:
-            lines.append(f"  off   {inv.name}: {inv.off_reason}")
-            continue
-        mark = "ok  " if not inv.violations else "FAIL"
-        lines.append(f"  {mark}  {inv.name} ({inv.checks} checks)")
-        lines.extend(f"          {v}" for v in inv.violations)
+    lines.extend(judged_lines(result.expectations, result.invariants))
     lines.append(verdict(result, wall_ms))
     return "\n".join(lines)
 
