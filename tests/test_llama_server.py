@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers.engines import Engine, listening_ports
 from helpers.services import free_ports
 from llmgw_twin.control.model import (
     EngineName,
@@ -35,7 +36,6 @@ from llmgw_twin.control.model import (
 from llmgw_twin.engines.base import Launch, LaunchContext
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.engines.tiny_gguf import write_tiny_gguf
-from test_sim_engine import Engine, listening_ports
 
 INSTALL_HINT = "run scripts/install-llama-server.sh to build it into the venv"
 LOAD_DEADLINE_S = 60.0
