@@ -1,0 +1,37 @@
+"""What the controller and the agent commands share: their flags, logging, and the uvicorn run.
+
+Both serve one FastAPI app until SIGINT or SIGTERM, which uvicorn turns into a graceful shutdown
+(the app's lifespan then stops what the runtime started). Exit status: 0 once the server had
+started, 1 when it never did (its port taken, say); configuration errors are the callers' (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+from fastapi import FastAPI
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help=config_help)
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str) -> int:
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return EXIT_OK if server.started else EXIT_FAILED
