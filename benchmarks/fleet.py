@@ -16,7 +16,7 @@ import time
 
 import simpy
 
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     Deployment,
     EngineName,
     FabricId,

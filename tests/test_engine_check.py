@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin import cli
-from llmgw_twin.engines import check
 from llmgw_twin.engines.base import Program
 from llmgw_twin.engines.registry import adapter_for
+from llmgw_twin.programs import engine_check as check
 
 
 def full_help(program: Program, flags: Iterable[str]) -> str:

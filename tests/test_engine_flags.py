@@ -21,8 +21,8 @@ from types import ModuleType
 
 import pytest
 
-from llmgw_twin.engines import check
 from llmgw_twin.engines.registry import adapter_for
+from llmgw_twin.programs import engine_check as check
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS_DIR = ROOT / "src" / "llmgw_twin" / "engines" / "flags"

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_twin.control.agent import AgentCore
-from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import FabricId, NodeId, Profile, TraceEvent
-from llmgw_twin.control.placement import CapacityIndex, Placement, Unplaceable
-from llmgw_twin.control.routing import Router
+from llmgw_twin.core.agent import AgentCore
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.model import FabricId, NodeId, Profile, TraceEvent
+from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
+from llmgw_twin.core.routing import Router
 from llmgw_twin.twin.loader import load_scenario, load_scenario_text
 from llmgw_twin.twin.runner import RunResult, run_scenario
 

@@ -25,7 +25,7 @@ import pytest
 
 from helpers.engines import Engine, listening_ports
 from helpers.services import free_ports
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     EngineName,
     ModelName,
     NodeId,
@@ -35,7 +35,7 @@ from llmgw_twin.control.model import (
 )
 from llmgw_twin.engines.base import Launch, LaunchContext
 from llmgw_twin.engines.registry import adapter_for
-from llmgw_twin.engines.tiny_gguf import write_tiny_gguf
+from llmgw_twin.programs.tiny_gguf import write_tiny_gguf
 
 INSTALL_HINT = "run scripts/install-llama-server.sh to build it into the venv"
 LOAD_DEADLINE_S = 60.0

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     Deployment,
     EngineName,
     FabricId,

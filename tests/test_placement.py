@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import node, profile
-from llmgw_twin.control.model import FabricId, NodeId
-from llmgw_twin.control.placement import CapacityIndex, Placement, Unplaceable
+from llmgw_twin.core.model import FabricId, NodeId
+from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
 
 
 def fleet(*infos: tuple[str, str, int]) -> CapacityIndex:

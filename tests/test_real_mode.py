@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin.cli import main
-from llmgw_twin.engines.tiny_gguf import write_tiny_gguf
+from llmgw_twin.programs.tiny_gguf import write_tiny_gguf
 from llmgw_twin.realmode.runner import engine_binaries, run_real
 from llmgw_twin.twin.loader import load_scenario, load_scenario_text
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from llmgw_twin.cli import main
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     ENGINES,
     Deployment,
     EngineName,
@@ -29,9 +29,9 @@ from llmgw_twin.control.model import (
     Timings,
     TraceEvent,
 )
-from llmgw_twin.control.protocol import AssignShards, Heartbeat, NodeRegistered, RequestReport
-from llmgw_twin.control.service.config import ConfigError, load_controller_config
-from llmgw_twin.control.service.wire import (
+from llmgw_twin.core.protocol import AssignShards, Heartbeat, NodeRegistered, RequestReport
+from llmgw_twin.service.config import ConfigError, load_controller_config
+from llmgw_twin.service.wire import (
     AssignShardsW,
     DeploymentW,
     HeartbeatW,

@@ -23,7 +23,7 @@ import pytest
 
 from helpers.engines import Engine, listening_ports, refuses
 from helpers.services import free_ports
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     EngineName,
     ModelName,
     NodeId,
@@ -33,8 +33,8 @@ from llmgw_twin.control.model import (
 )
 from llmgw_twin.engines.base import LaunchContext
 from llmgw_twin.engines.sim import SimAdapter
-from llmgw_twin.engines.sim_api import SimModel, create_app
-from llmgw_twin.engines.sim_text import MAX_TOKENS, MIN_TOKENS, generate, render_chat
+from llmgw_twin.programs.sim_api import SimModel, create_app
+from llmgw_twin.programs.sim_text import MAX_TOKENS, MIN_TOKENS, generate, render_chat
 
 """Generous bound for a process to reach a state; a healthy run takes well under a second."""
 
@@ -525,7 +525,7 @@ def test_generation_is_deterministic_and_bounded() -> None:
 
 
 def test_generation_in_another_process_matches() -> None:
-    code = "from llmgw_twin.engines.sim_text import generate; print(generate('m', 'p', 5).text)"
+    code = "from llmgw_twin.programs.sim_text import generate; print(generate('m', 'p', 5).text)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

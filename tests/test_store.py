@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.store_batches import batches, replica_row
-from llmgw_twin.control.durable import (
+from llmgw_twin.core.durable import (
     DeleteReplica,
     DurableState,
     PutDeployment,
@@ -25,7 +25,7 @@ from llmgw_twin.control.durable import (
     PutSeq,
     Write,
 )
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     Deployment,
     EngineName,
     FabricId,
@@ -35,7 +35,7 @@ from llmgw_twin.control.model import (
     Profile,
     ProfileName,
 )
-from llmgw_twin.control.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
+from llmgw_twin.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 
 TESTS = Path(__file__).resolve().parent
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw_twin.twin.units import fmt_duration, fmt_ms, parse_duration, parse_size_mib
+from llmgw_twin.units import fmt_duration, fmt_ms, parse_duration, parse_size_mib
 
 
 @pytest.mark.parametrize(

@@ -29,14 +29,14 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 # command words -> module with `add_arguments(parser)` and `main(args) -> int`
 LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("sim-engine",): ("llmgw_twin.engines.sim_server", "run the sim engine (one shard)"),
+    ("sim-engine",): ("llmgw_twin.programs.sim_server", "run the sim engine (one shard)"),
     ("ctl", "engine-check"): (
-        "llmgw_twin.engines.check",
+        "llmgw_twin.programs.engine_check",
         "check every flag the project can emit against an engine's --help",
     ),
-    ("controller",): ("llmgw_twin.control.service.controller_main", "run the controller service"),
-    ("agent",): ("llmgw_twin.control.service.agent_main", "run a node agent"),
-    ("sidecar",): ("llmgw_twin.control.service.sidecar", "run a shard's sidecar"),
+    ("controller",): ("llmgw_twin.service.controller_main", "run the controller service"),
+    ("agent",): ("llmgw_twin.service.agent_main", "run a node agent"),
+    ("sidecar",): ("llmgw_twin.service.sidecar", "run a shard's sidecar"),
 }
 
 
@@ -84,7 +84,7 @@ def cmd_run_real(args: argparse.Namespace) -> int:
     from llmgw_twin.twin.loader import ScenarioError, load_scenario
     from llmgw_twin.twin.runner import run_scenario
     from llmgw_twin.twin.timescale import scale_scenario, widen
-    from llmgw_twin.twin.units import parse_duration
+    from llmgw_twin.units import parse_duration
 
     try:
         tolerance_ms = parse_duration(args.tolerance)

@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 
-from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.twin.expect import Outcome
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import INVARIANTS, Scenario, StateExpectation
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 ROUTE_SLACK_MS = 50
 """Clock mapping between processes is good to a few ms; a pick this close to a failure is a race,

@@ -25,11 +25,11 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from llmgw_twin.control.model import NodeId
-from llmgw_twin.control.service.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.core.model import NodeId
 from llmgw_twin.realmode.proxy import CuttableProxy
+from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
 from llmgw_twin.twin.scenario import Scenario
-from llmgw_twin.twin.units import fmt_duration
+from llmgw_twin.units import fmt_duration
 
 PORTS_PER_NODE = 100
 ENGINE_PORTS_FROM = 23000

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.realmode.runner import RealResult
 from llmgw_twin.twin.expect import matches
 from llmgw_twin.twin.report import describe, judged_json, judged_lines
 from llmgw_twin.twin.runner import RunResult, trace_sha256
 from llmgw_twin.twin.scenario import EventExpectation
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 DECISIONS = (
     "node.joined",

@@ -27,10 +27,10 @@ from typing import Any
 
 import httpx
 
-from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
-from llmgw_twin.control.service.wire import TraceEventW
+from llmgw_twin.core.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.checks import RealInvariants, judge_state_real
 from llmgw_twin.realmode.cluster import RealCluster, free_port
+from llmgw_twin.service.wire import TraceEventW
 from llmgw_twin.twin.expect import Outcome, judge_event
 from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.report import describe
@@ -48,7 +48,7 @@ from llmgw_twin.twin.scenario import (
     StateExpectation,
 )
 from llmgw_twin.twin.timescale import scale_scenario, widen
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 POLL_S = 0.1
 """How often the run reads the controller's event log and state (and probes the router)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import (
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.model import (
     FabricId,
     NodeId,
     NodeState,
@@ -23,8 +23,8 @@ from llmgw_twin.control.model import (
     ShardState,
     TraceEvent,
 )
-from llmgw_twin.control.protocol import Heartbeat, NodeRegistered
-from llmgw_twin.control.replica import ReplicaRecord
+from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
+from llmgw_twin.core.replica import ReplicaRecord
 from llmgw_twin.twin.scenario import INVARIANTS, Scenario
 from llmgw_twin.twin.world import World
 

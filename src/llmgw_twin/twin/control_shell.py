@@ -9,9 +9,9 @@ after the outage a new core starts from that store and adopts what the agents st
 
 from __future__ import annotations
 
-from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import NodeId, TraceEvent
-from llmgw_twin.control.protocol import (
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.model import NodeId, TraceEvent
+from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
     Assigned,
@@ -23,8 +23,8 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.routing import Router
-from llmgw_twin.control.store import Store
+from llmgw_twin.core.routing import Router
+from llmgw_twin.store import Store
 from llmgw_twin.twin.checks import Invariants
 from llmgw_twin.twin.scenario import Scenario
 from llmgw_twin.twin.world import World

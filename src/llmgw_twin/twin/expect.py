@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import FabricId, ModelName, NodeState, TraceEvent
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.model import FabricId, ModelName, NodeState, TraceEvent
 from llmgw_twin.twin.scenario import EventExpectation, StateExpectation
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ admin entry point like an API call.
 
 from __future__ import annotations
 
-from llmgw_twin.control.model import Deployment, FabricId, NodeId, TraceEvent
-from llmgw_twin.control.protocol import ApplyDeployment
+from llmgw_twin.core.model import Deployment, FabricId, NodeId, TraceEvent
+from llmgw_twin.core.protocol import ApplyDeployment
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from yaml.nodes import Node
 
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     ENGINES,
     Deployment,
     EngineName,
@@ -34,7 +34,7 @@ from llmgw_twin.twin import yamlnodes as yn
 from llmgw_twin.twin.loader_expect import load_expectations
 from llmgw_twin.twin.loader_faults import Known, load_faults
 from llmgw_twin.twin.scenario import INVARIANTS, Fault, Scenario
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 __all__ = ["ScenarioError", "load_scenario", "load_scenario_text"]
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from yaml.nodes import Node
 
-from llmgw_twin.control.model import FabricId, ModelName, NodeId, NodeState
+from llmgw_twin.core.model import FabricId, ModelName, NodeId, NodeState
 from llmgw_twin.twin import yamlnodes as yn
 from llmgw_twin.twin.loader_faults import Known
 from llmgw_twin.twin.scenario import (
@@ -28,7 +28,7 @@ from llmgw_twin.twin.scenario import (
     Expectation,
     StateExpectation,
 )
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 LIST_SUBJECTS = ("nodes", "argv")
 """Subjects whose values are lists in the trace; they cannot be compared to one value."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from yaml.nodes import Node
 
-from llmgw_twin.control.model import FabricId, ModelName, NodeId
+from llmgw_twin.core.model import FabricId, ModelName, NodeId
 from llmgw_twin.twin import yamlnodes as yn
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
@@ -43,7 +43,7 @@ from llmgw_twin.twin.timeexpr import (
     resolve_time,
     resolve_times,
 )
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 _ACTIONS = tuple(FAULT_KEYS)
 _FAULT_HINT = f"at, id and one action of: {', '.join(_ACTIONS)}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from llmgw_twin.control.model import FabricId, NodeId
+from llmgw_twin.core.model import FabricId, NodeId
 
 CONTROLLER = "controller"
 MGMT = "mgmt"

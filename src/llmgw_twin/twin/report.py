@@ -11,10 +11,10 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.twin.expect import Outcome
 from llmgw_twin.twin.runner import InvariantResult, RunResult
-from llmgw_twin.twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms
 
 _ORDER = (
     "fault",

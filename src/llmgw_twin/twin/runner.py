@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import simpy
 
-from llmgw_twin.control.model import TraceEvent
-from llmgw_twin.control.protocol import ControllerEvent
+from llmgw_twin.core.model import TraceEvent
+from llmgw_twin.core.protocol import ControllerEvent
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.expect import Outcome, judge_event, judge_state

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from llmgw_twin.twin import units
+from llmgw_twin import units
 from llmgw_twin.twin.yamlnodes import NAME_RE, preview
 
 START = "start"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from llmgw_twin.control.model import Timings
+from llmgw_twin.core.model import Timings
 from llmgw_twin.twin.scenario import (
     EventExpectation,
     Expectation,

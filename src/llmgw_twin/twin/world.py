@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from llmgw_twin.control.agent import AgentCore
-from llmgw_twin.control.model import NodeId, NodeInfo, ReplicaId, ShardKey, ShardSpec, Timings
-from llmgw_twin.control.protocol import (
+from llmgw_twin.core.agent import AgentCore
+from llmgw_twin.core.model import NodeId, NodeInfo, ReplicaId, ShardKey, ShardSpec, Timings
+from llmgw_twin.core.protocol import (
     AgentEvent,
     ControllerEvent,
     EngineExited,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from llmgw_twin.twin import units
+from llmgw_twin import units
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 """Names of scenarios, nodes, fabrics, profiles, models and fault ids."""

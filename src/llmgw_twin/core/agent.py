@@ -23,8 +23,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from llmgw_twin.control.model import NodeInfo, ShardKey, ShardReport, ShardSpec, ShardState
-from llmgw_twin.control.protocol import (
+from llmgw_twin.core.model import NodeInfo, ShardKey, ShardReport, ShardSpec, ShardState
+from llmgw_twin.core.protocol import (
     AgentCommand,
     AgentEvent,
     AgentStep,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from llmgw_twin.control.model import EngineName, FabricId, NodeId, NodeInfo, Profile
+from llmgw_twin.core.model import EngineName, FabricId, NodeId, NodeInfo, Profile
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from llmgw_twin.control.durable import DeleteReplica, PutReplica, PutSeq, ReplicaRow, Write
-from llmgw_twin.control.model import (
+from llmgw_twin.core.durable import DeleteReplica, PutReplica, PutSeq, ReplicaRow, Write
+from llmgw_twin.core.model import (
     RENDEZVOUS_PORT_BASE,
     Deployment,
     EngineName,
@@ -26,8 +26,8 @@ from llmgw_twin.control.model import (
     ShardReport,
     ShardSpec,
 )
-from llmgw_twin.control.placement import CapacityIndex, Placement
-from llmgw_twin.control.replica import ReplicaRecord
+from llmgw_twin.core.placement import CapacityIndex, Placement
+from llmgw_twin.core.replica import ReplicaRecord
 
 REAPED_KEPT = 1024
 """How many reaped replicas the controller still answers for (the oldest are forgotten first):

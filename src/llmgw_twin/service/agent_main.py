@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmgw_twin.control.service import serving
-from llmgw_twin.control.service.agent_app import AgentRuntime, create_agent_app
-from llmgw_twin.control.service.config import ConfigError, load_agent_config
+from llmgw_twin.service import serving
+from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
+from llmgw_twin.service.config import ConfigError, load_agent_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

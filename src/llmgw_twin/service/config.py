@@ -21,8 +21,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from llmgw_twin.control.model import ENGINES, Deployment, ModelName, Profile, ProfileName, Timings
-from llmgw_twin.control.service.wire import (
+from llmgw_twin.core.model import ENGINES, Deployment, ModelName, Profile, ProfileName, Timings
+from llmgw_twin.service.wire import (
     Count,
     Name,
     Port,
@@ -32,7 +32,7 @@ from llmgw_twin.control.service.wire import (
     Url,
     describe_errors,
 )
-from llmgw_twin.twin.units import parse_duration, parse_size_mib
+from llmgw_twin.units import parse_duration, parse_size_mib
 
 Duration = Annotated[str, Strict()]
 Host = Annotated[str, Strict(), Field(min_length=1, max_length=255)]

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from llmgw_twin.control.durable import DurableState, PutDeployment, PutNode, PutProfile, Write
-from llmgw_twin.control.health import HealthChange, HealthTracker
-from llmgw_twin.control.lifecycle import ReplicaLifecycle
-from llmgw_twin.control.model import (
+from llmgw_twin.core.durable import DurableState, PutDeployment, PutNode, PutProfile, Write
+from llmgw_twin.core.health import HealthChange, HealthTracker
+from llmgw_twin.core.lifecycle import ReplicaLifecycle
+from llmgw_twin.core.model import (
     Deployment,
     FabricId,
     ModelName,
@@ -47,8 +47,8 @@ from llmgw_twin.control.model import (
     Timings,
     TraceEvent,
 )
-from llmgw_twin.control.placement import CapacityIndex
-from llmgw_twin.control.protocol import (
+from llmgw_twin.core.placement import CapacityIndex
+from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
@@ -59,7 +59,7 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.replica import ReplicaRecord
+from llmgw_twin.core.replica import ReplicaRecord
 
 
 class Controller(ReplicaLifecycle):

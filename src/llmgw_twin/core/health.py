@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmgw_twin.control.model import NodeId, NodeState, Timings
+from llmgw_twin.core.model import NodeId, NodeState, Timings
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     FabricId,
     ModelName,
     NodeId,

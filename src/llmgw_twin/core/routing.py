@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
+from llmgw_twin.core.model import ModelName, ReplicaId, TraceEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from llmgw_twin.control.model import ShardKey, ShardSpec
-from llmgw_twin.control.protocol import (
+from llmgw_twin.core.model import ShardKey, ShardSpec
+from llmgw_twin.core.protocol import (
     AgentEvent,
     EngineExited,
     EngineJoined,
@@ -41,8 +41,9 @@ from llmgw_twin.control.protocol import (
     ShardStopped,
     SidecarUp,
 )
-from llmgw_twin.control.service.config import AgentSettings
-from llmgw_twin.control.service.launcher import (
+from llmgw_twin.engines.base import Launch
+from llmgw_twin.service.config import AgentSettings
+from llmgw_twin.service.launcher import (
     EXIT_NO_PORT,
     EXIT_NOT_READY,
     EXIT_SIDECAR_FAILED,
@@ -54,8 +55,7 @@ from llmgw_twin.control.service.launcher import (
     resolve_argv,
     sidecar_argv,
 )
-from llmgw_twin.control.service.processes import PortPool, peek_exit, spawn, stop_group
-from llmgw_twin.engines.base import Launch
+from llmgw_twin.service.processes import PortPool, peek_exit, spawn, stop_group
 
 log = logging.getLogger("llmgw_twin.agent")
 

@@ -37,7 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmgw_twin.engines.sim_text import Generation, count_prompt_tokens, generate, render_chat
+from llmgw_twin.programs.sim_text import Generation, count_prompt_tokens, generate, render_chat
 
 DEFAULT_MAX_TOKENS = 256
 

@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llmgw_twin.control import protocol as p
-from llmgw_twin.control.model import (
+from llmgw_twin.core import protocol as p
+from llmgw_twin.core.model import (
     ENGINES,
     Deployment,
     EngineName,

@@ -20,14 +20,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from llmgw_twin.control.model import ShardSpec
-from llmgw_twin.control.service.config import AgentSettings
+from llmgw_twin.core.model import ShardSpec
 from llmgw_twin.engines.base import Launch, LaunchContext, Readiness, replica_nodes
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.engines.sim import PROGRAM as SIM_PROGRAM
+from llmgw_twin.service.config import AgentSettings
 
 SIM_MODULE_ARGV = (sys.executable, "-m", "llmgw_twin.cli")
-SIDECAR_ARGV = (sys.executable, "-m", "llmgw_twin.control.service.sidecar")
+SIDECAR_ARGV = (sys.executable, "-m", "llmgw_twin.service.sidecar")
 
 # Exit codes the agent reports for a shard whose engine never ran. Outside 0..255 and above
 # zero, so that no program's own exit status (nor a signal, reported negative) is mistaken

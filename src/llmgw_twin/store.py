@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from llmgw_twin.control.durable import (
+from llmgw_twin.core.durable import (
     DeleteReplica,
     DurableState,
     PutDeployment,
@@ -27,7 +27,7 @@ from llmgw_twin.control.durable import (
     ReplicaRow,
     Write,
 )
-from llmgw_twin.control.model import (
+from llmgw_twin.core.model import (
     Deployment,
     EngineName,
     FabricId,

@@ -34,7 +34,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from llmgw_twin.engines.sim_rendezvous import (
+from llmgw_twin.programs.sim_rendezvous import (
     LeaderRendezvous,
     RendezvousError,
     RendezvousTimeout,
@@ -226,7 +226,7 @@ def _listen(host: str, port: int) -> socket.socket:
 async def run_leader(cfg: EngineConfig) -> int:
     # The web stack is imported now, while workers start, not after they joined; workers never
     # import it at all.
-    from llmgw_twin.engines import sim_api  # noqa: F401
+    from llmgw_twin.programs import sim_api  # noqa: F401
 
     loop = asyncio.get_running_loop()
     stop = _stop_on_signals()
@@ -286,7 +286,7 @@ async def _lead(
 
 
 async def _serve(cfg: EngineConfig, rdv: LeaderRendezvous, tasks: _Tasks) -> int:
-    from llmgw_twin.engines.sim_api import SimModel, http_server
+    from llmgw_twin.programs.sim_api import SimModel, http_server
 
     try:
         sock = _listen(cfg.host, cfg.port)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from llmgw_twin.control.service.inventory import (
+from llmgw_twin.service.inventory import (
     DEFAULT_SUBNET_PREFIX,
     HOST_ROOT,
     normalize_subnet_prefix,

@@ -23,10 +23,10 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import ModelName, NodeId
-from llmgw_twin.control.routing import Router
-from llmgw_twin.control.service.wire import DeploymentW, NodeInfoW, Refused
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.model import ModelName, NodeId
+from llmgw_twin.core.routing import Router
+from llmgw_twin.service.wire import DeploymentW, NodeInfoW, Refused
 
 
 def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgw_twin.control.durable import Write
-from llmgw_twin.control.model import (
+from llmgw_twin.core.durable import Write
+from llmgw_twin.core.model import (
     Deployment,
     NodeId,
     NodeInfo,

@@ -39,9 +39,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from llmgw_twin.control.agent import AgentCore
-from llmgw_twin.control.model import NodeInfo
-from llmgw_twin.control.protocol import (
+from llmgw_twin.core.agent import AgentCore
+from llmgw_twin.core.model import NodeInfo
+from llmgw_twin.core.protocol import (
     AgentEvent,
     Assigned,
     Heartbeat,
@@ -53,9 +53,9 @@ from llmgw_twin.control.protocol import (
     StartSidecar,
     StopShard,
 )
-from llmgw_twin.control.service.config import AgentSettings
-from llmgw_twin.control.service.shards import ShardRunner
-from llmgw_twin.control.service.wire import (
+from llmgw_twin.service.config import AgentSettings
+from llmgw_twin.service.shards import ShardRunner
+from llmgw_twin.service.wire import (
     AssignShardsW,
     HeartbeatW,
     NodeInfoW,
@@ -73,7 +73,7 @@ REPORT_TIMEOUT_S = 5.0
 
 def read_node_info(settings: AgentSettings) -> NodeInfo:
     """The node as its inventory shows it under the configured root."""
-    from llmgw_twin.control.service.inventory import read_inventory, to_node_info
+    from llmgw_twin.service.inventory import read_inventory, to_node_info
 
     inv = read_inventory(settings.root, fabric=settings.fabric, use_nvml=settings.use_nvml)
     for warning in inv.warnings:

@@ -32,10 +32,10 @@ import httpx
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.responses import Response
 
-from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.durable import DurableState
-from llmgw_twin.control.model import NodeId, TraceEvent
-from llmgw_twin.control.protocol import (
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.durable import DurableState
+from llmgw_twin.core.model import NodeId, TraceEvent
+from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
@@ -44,10 +44,10 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.routing import Router
-from llmgw_twin.control.service.config import ControllerSettings
-from llmgw_twin.control.service.views import fleet_state, forward, model_list
-from llmgw_twin.control.service.wire import (
+from llmgw_twin.core.routing import Router
+from llmgw_twin.service.config import ControllerSettings
+from llmgw_twin.service.views import fleet_state, forward, model_list
+from llmgw_twin.service.wire import (
     NAME_PATTERN,
     AssignShardsW,
     DeploymentW,
@@ -60,7 +60,7 @@ from llmgw_twin.control.service.wire import (
     TraceEventW,
     install_error_handlers,
 )
-from llmgw_twin.control.store import Store
+from llmgw_twin.store import Store
 
 log = logging.getLogger("llmgw_twin.controller")
 

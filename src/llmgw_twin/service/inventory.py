@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from llmgw_twin.control.model import ENGINES, EngineName, FabricId, NodeId, NodeInfo
+from llmgw_twin.core.model import ENGINES, EngineName, FabricId, NodeId, NodeInfo
 
 HOST_ROOT = Path("/")
 """The root that is this machine: only there does NVML describe the GPUs under the root."""

@@ -11,10 +11,10 @@ import argparse
 import sqlite3
 import sys
 
-from llmgw_twin.control.service import serving
-from llmgw_twin.control.service.config import ConfigError, load_controller_config
-from llmgw_twin.control.service.controller_app import ControllerRuntime, create_controller_app
-from llmgw_twin.control.store import StoreError
+from llmgw_twin.service import serving
+from llmgw_twin.service.config import ConfigError, load_controller_config
+from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
+from llmgw_twin.store import StoreError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """A tiny random-weight llama model in GGUF, made here so that no test needs a model hub.
 
-    python -m llmgw_twin.engines.tiny_gguf OUT.gguf [--seed N]
+    python -m llmgw_twin.programs.tiny_gguf OUT.gguf [--seed N]
 
 `write_tiny_gguf(path)` writes a llama-architecture model of 64 dimensions and 2 layers (4 heads,
 feed-forward 128, context 2048) with its own SentencePiece-style vocabulary of about 500 tokens
@@ -161,7 +161,7 @@ def write_tiny_gguf(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m llmgw_twin.engines.tiny_gguf",
+        prog="python -m llmgw_twin.programs.tiny_gguf",
         description="Write a tiny random-weight llama GGUF model (deterministic for a seed).",
     )
     parser.add_argument("out", metavar="OUT.gguf")
