@@ -214,7 +214,7 @@ def test_scale_up_and_down_keeps_the_fabric_spread() -> None:
 
 
 def test_reaped_replicas_are_forgotten_beyond_a_bound() -> None:
-    from llmgw_twin.core.lifecycle import REAPED_KEPT
+    from llmgw_twin.core.replicas import REAPED_KEPT
 
     ctl = cluster(*FOUR, replicas=1, nodes_per=1)
     for i in range(2 * (REAPED_KEPT + 5)):  # scale 0 -> 1 -> 0 ...: a reap every other round

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin.core.agent import AgentCore
-from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.lifecycle import Lifecycle
 from llmgw_twin.core.model import FabricId, NodeId, Profile, TraceEvent
 from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
 from llmgw_twin.core.routing import Router
@@ -41,7 +41,7 @@ def violations(result: RunResult, name: str) -> tuple[str, ...]:
 def test_ready_is_whole_catches_a_replica_kept_ready_on_a_lost_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(Controller, "_fail", lambda self, rec, reason, node: None)
+    monkeypatch.setattr(Lifecycle, "fail", lambda self, rec, reason, node: None)
     result = run_scenario(load_scenario(NODE_LOSS))
     assert not result.passed
     found = violations(result, "ready_is_whole")
@@ -82,9 +82,9 @@ def test_routes_to_ready_catches_a_router_that_misses_failures(
 ) -> None:
     real = Router.follow
 
-    def only_ready(self: Router, ev: TraceEvent, endpoint: str | None = None) -> None:
+    def only_ready(self: Router, ev: TraceEvent) -> None:
         if ev.kind == "replica.ready":
-            real(self, ev, endpoint)
+            real(self, ev)
 
     monkeypatch.setattr(Router, "follow", only_ready)
     result = run_scenario(load_scenario(NODE_LOSS))

@@ -20,9 +20,10 @@ send a report). Its rules:
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
+from typing import assert_never
 
+from llmgw_twin.core import states
 from llmgw_twin.core.model import NodeInfo, ShardKey, ShardReport, ShardSpec, ShardState
 from llmgw_twin.core.protocol import (
     AgentCommand,
@@ -45,17 +46,7 @@ from llmgw_twin.core.protocol import (
     StartSidecar,
     StopShard,
 )
-
-
-class Phase(enum.Enum):
-    WAITING = "waiting"  # wanted, but its GPUs are not free yet
-    SIDECAR = "sidecar"  # sidecar starting
-    LAUNCHING = "launching"  # sidecar up, engine asked for
-    ENGINE = "engine"  # engine process started
-    RUNNING = "running"
-    SERVING = "serving"
-    EXITED = "exited"
-
+from llmgw_twin.core.states import Phase
 
 _REPORTED = {
     Phase.WAITING: ShardState.PREPARING,
@@ -78,6 +69,10 @@ class LocalShard:
 
     def holds_gpus(self) -> bool:
         return self.phase not in (Phase.WAITING, Phase.EXITED)
+
+    def move(self, new: Phase) -> None:
+        """Change phase along `states.SHARD_PHASE`; an illegal move raises."""
+        self.phase = states.transition(states.SHARD_PHASE, self.phase, new)
 
 
 class AgentCore:
@@ -122,23 +117,23 @@ class AgentCore:
             case SidecarUp(key=key):
                 shard = self._shards.get(key)
                 if shard is not None and shard.phase is Phase.SIDECAR:
-                    shard.phase = Phase.LAUNCHING
+                    shard.move(Phase.LAUNCHING)
                     out.append(StartEngine(shard.spec))
             case EngineStarted(key=key, argv=argv):
-                changed = self._advance(key, Phase.ENGINE, (Phase.LAUNCHING,))
+                changed = self._advance(key, Phase.ENGINE)
                 if changed:
                     self._shards[key].argv = argv
             case EngineJoined(key=key):
-                changed = self._advance(key, Phase.RUNNING, (Phase.ENGINE,))
+                changed = self._advance(key, Phase.RUNNING)
             case EngineServing(key=key, endpoint=endpoint):
-                changed = self._advance(key, Phase.SERVING, (Phase.ENGINE, Phase.RUNNING))
+                changed = self._advance(key, Phase.SERVING)
                 if changed:
                     self._shards[key].endpoint = endpoint
             case EngineExited(key=key, exit_code=code):
-                shard = self._shards.get(key)
-                if shard is not None and shard.phase is not Phase.EXITED:
-                    shard.phase, shard.endpoint, shard.exit_code = Phase.EXITED, None, code
-                    changed = True
+                changed = self._advance(key, Phase.EXITED)
+                if changed:
+                    shard = self._shards[key]
+                    shard.endpoint, shard.exit_code = None, code
                     self._start_waiting(out)
             case ShardStopped(key=key):
                 if self._stopping.pop(key, None) is not None:
@@ -152,16 +147,20 @@ class AgentCore:
                 out.append(SendReport(self.report()))
             case ReportRequested():
                 out.append(SendReport(self.registration()))
+            case _:
+                assert_never(event)
         if changed:
             self._report = None
             out.append(SendReport(self.report()))
         return AgentStep(tuple(out))
 
-    def _advance(self, key: ShardKey, to: Phase, allowed_from: tuple[Phase, ...]) -> bool:
+    def _advance(self, key: ShardKey, to: Phase) -> bool:
+        """Move a shard on a notice from its shell; a notice the phase table does not allow from
+        where the shard is (a late one, for a shard stopped or exited since) changes nothing."""
         shard = self._shards.get(key)
-        if shard is None or shard.phase not in allowed_from:
-            return False  # a late notice for a shard already stopped or exited
-        shard.phase = to
+        if shard is None or not states.can_move(states.SHARD_PHASE, shard.phase, to):
+            return False
+        shard.move(to)
         return True
 
     def _converge(self, wanted: tuple[ShardSpec, ...], out: list[AgentCommand]) -> bool:
@@ -188,6 +187,6 @@ class AgentCore:
         for key in sorted(self._shards):
             shard = self._shards[key]
             if shard.phase is Phase.WAITING and held.isdisjoint(shard.spec.gpus):
-                shard.phase = Phase.SIDECAR
+                shard.move(Phase.SIDECAR)
                 held.update(shard.spec.gpus)
                 out.append(StartSidecar(shard.spec))

@@ -1,9 +1,9 @@
 """Which ready replica serves a request.
 
 The router keeps its own table of routable replicas per model, fed by the controller's event
-stream (`replica.ready`, and `replica.adopted` of a serving replica, add one with its endpoint;
-`replica.failed` and `replica.reaped` remove it), the way a router process beside the controller
-would follow it. It picks round-robin
+stream alone (`replica.ready`, and `replica.adopted` of a serving replica, add one with the
+leader endpoint the event carries; `replica.failed` and `replica.reaped` remove it), the way a
+router process beside the controller would follow it. It picks round-robin
 over the table in replica-id order, so the choice is deterministic.
 """
 
@@ -27,15 +27,16 @@ class Router:
         self._order: dict[ModelName, list[ReplicaId]] = {}  # sorted ids: O(log n) upkeep
         self._next: dict[ModelName, int] = {}
 
-    def follow(self, event: TraceEvent, endpoint: str | None = None) -> None:
-        """Apply one controller event. `endpoint` is the leader's, for `replica.ready`."""
+    def follow(self, event: TraceEvent) -> None:
+        """Apply one controller event."""
         model, replica = event.get("model"), event.get("replica")
+        endpoint = event.get("endpoint")
         if not isinstance(model, str) or not isinstance(replica, str):
             return
         routes = self._table.setdefault(ModelName(model), {})
         order = self._order.setdefault(ModelName(model), [])
         rid = ReplicaId(replica)
-        if event.kind in ("replica.ready", "replica.adopted") and endpoint is not None:
+        if event.kind in ("replica.ready", "replica.adopted") and isinstance(endpoint, str):
             if rid not in routes:
                 bisect.insort(order, rid)
             routes[rid] = endpoint

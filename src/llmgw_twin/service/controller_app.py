@@ -32,6 +32,7 @@ import httpx
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.responses import Response
 
+from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.durable import DurableState
 from llmgw_twin.core.model import NodeId, TraceEvent
@@ -187,15 +188,15 @@ class ControllerRuntime:
     # --- carrying out a step (never awaits) --------------------------------------------------
 
     def _apply(self, step: Step, answered_in_band: NodeId | None = None) -> None:
-        self.store.commit(step.writes)  # durable before anything leaves the process
-        for ev in step.events:
-            self._record(ev)
+        def send(cmd: ControllerCommand) -> None:
+            if isinstance(cmd, RequestReport) and cmd.node == answered_in_band:
+                return  # answered in the reply itself
+            self._send(cmd)
+
+        # durable before anything leaves the process; events before commands
+        apply_step(step, commit=self.store.commit, publish=self._record, send=send)
         if step.wake_at_ms is not None:
             self._arm(step.wake_at_ms)
-        for cmd in step.commands:
-            if isinstance(cmd, RequestReport) and cmd.node == answered_in_band:
-                continue
-            self._send(cmd)
 
     def _arm(self, wake_at_ms: int) -> None:
         if self._wake_at is None or wake_at_ms < self._wake_at:
@@ -209,9 +210,7 @@ class ControllerRuntime:
             drop = len(self._events) - EVENTS_KEPT
             del self._events[:drop]
             self._events_dropped += drop
-        rid = ev.get("replica")
-        rec = self.core.replica(rid) if isinstance(rid, str) else None  # type: ignore[arg-type]
-        self.router.follow(ev, rec.endpoint if rec is not None else None)
+        self.router.follow(ev)
 
     def _send(self, cmd: ControllerCommand) -> None:
         node = cmd.node

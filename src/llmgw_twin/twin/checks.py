@@ -24,7 +24,7 @@ from llmgw_twin.core.model import (
     TraceEvent,
 )
 from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
-from llmgw_twin.core.replica import ReplicaRecord
+from llmgw_twin.core.replicas import ReplicaRecord
 from llmgw_twin.twin.scenario import INVARIANTS, Scenario
 from llmgw_twin.twin.world import World
 

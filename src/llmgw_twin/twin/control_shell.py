@@ -1,14 +1,18 @@
 """The controller's shell in the twin: a controller process in virtual time, with its store.
 
-It delivers messages to the controller core, runs its reconcile ticks, commits every step's
-durable writes to the store before carrying out the step's commands (as production must), and
-sends commands over the simulated network. It can crash: the process and its memory are gone
-(ticks stop, messages to it are dropped, operator calls wait for it), while the store survives;
-after the outage a new core starts from that store and adopts what the agents still run.
+It delivers messages to the controller core, runs its reconcile ticks, and carries out every
+step with `core.apply.apply_step`, as the service does: writes committed to the store, then
+events into the trace and the router, then commands over the simulated network. It can crash:
+the process and its memory are gone (ticks stop, messages to it are dropped, operator calls wait
+for it), while the store survives; after the outage a new core starts from that store and adopts
+what the agents still run.
 """
 
 from __future__ import annotations
 
+from typing import assert_never
+
+from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.model import NodeId, TraceEvent
 from llmgw_twin.core.protocol import (
@@ -16,6 +20,7 @@ from llmgw_twin.core.protocol import (
     ApplyProfile,
     Assigned,
     AssignShards,
+    ControllerCommand,
     ControllerEvent,
     Heartbeat,
     NodeRegistered,
@@ -92,19 +97,21 @@ class ControllerShell:
 
     def _apply(self, step: Step, heard: NodeId | None) -> None:
         now = self.world.now
-        self.store.commit(step.writes)  # durable before anything leaves the process
-        for ev in step.events:
-            self.trace.append(ev)
-            rid = ev.get("replica")
-            rec = self.core.replica(rid) if isinstance(rid, str) else None  # type: ignore[arg-type]
-            self.router.follow(ev, rec.endpoint if rec is not None else None)
+        apply_step(step, commit=self.store.commit, publish=self._publish, send=self._send)
         self.checks.after_step(self.core, now, step.events, heard)
-        for cmd in step.commands:
-            match cmd:
-                case AssignShards(node=node, shards=shards):
-                    self.world.send_to_agent(node, Assigned(shards))
-                case RequestReport(node=node):
-                    self.world.send_to_agent(node, ReportRequested())
         if step.wake_at_ms is not None:
             generation = self.generation
             self.world.later(step.wake_at_ms - now, lambda: self._tick(generation))
+
+    def _publish(self, event: TraceEvent) -> None:
+        self.trace.append(event)
+        self.router.follow(event)
+
+    def _send(self, cmd: ControllerCommand) -> None:
+        match cmd:
+            case AssignShards(node=node, shards=shards):
+                self.world.send_to_agent(node, Assigned(shards))
+            case RequestReport(node=node):
+                self.world.send_to_agent(node, ReportRequested())
+            case _:
+                assert_never(cmd)
