@@ -14,6 +14,7 @@ it (a property test checks that it does, across reopening).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import assert_never
 
 from llmgw_twin.core.model import (
     Deployment,
@@ -108,6 +109,8 @@ class DurableState:
                     replicas.pop(rid, None)
                 case PutSeq(model=m, seq=s):
                     seqs[m] = s
+                case _:
+                    assert_never(w)
         return replace(
             self,
             profiles=tuple(profiles[k] for k in sorted(profiles)),

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import httpx
 
@@ -37,6 +37,8 @@ from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import (
     EventExpectation,
+    FabricDown,
+    FailGpu,
     Fault,
     KillEngine,
     KillNode,
@@ -218,8 +220,10 @@ class RealRun:
                 task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+            case FailGpu() | FabricDown():
+                raise AssertionError(f"real mode refuses {type(fault.action).__name__} up front")
             case _:
-                raise AssertionError(fault.action)
+                assert_never(fault.action)
 
     async def _set_replicas(
         self, client: httpx.AsyncClient, model: str, profile: str, replicas: int

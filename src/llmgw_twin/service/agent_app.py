@@ -34,7 +34,7 @@ import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import httpx
 from fastapi import FastAPI
@@ -173,6 +173,8 @@ class AgentRuntime:
                     self.shards.stop(key)
                 case SendReport(report=report):
                     self._enqueue(report)
+                case _:
+                    assert_never(cmd)
 
     # --- reports to the controller -----------------------------------------------------------
 

@@ -9,6 +9,8 @@ admin entry point like an API call.
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from llmgw_twin.core.model import Deployment, FabricId, NodeId, TraceEvent
 from llmgw_twin.core.protocol import ApplyDeployment
 from llmgw_twin.twin.control_shell import ControllerShell
@@ -85,7 +87,7 @@ def schedule_faults(
                         sim_node.kill_engine(engine.key, ENGINE_CRASH_EXIT_CODE)
                         break
             case _:
-                raise AssertionError(fault.action)
+                assert_never(fault.action)
 
     for fault in scenario.faults:
         world.later(fault.at_ms, lambda f=fault: inject(f))  # type: ignore[misc]
@@ -121,4 +123,4 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
         case FabricDown(fabric=fabric):
             return {"action": "fabric_down", "fabric": fabric}
         case _:
-            return {"action": _action_name(fault)}
+            assert_never(fault.action)

@@ -11,17 +11,23 @@ take that much.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import assert_never
 
 from llmgw_twin.core.model import Timings
 from llmgw_twin.twin.scenario import (
     EventExpectation,
     Expectation,
     FabricDown,
+    FailGpu,
     Fault,
     FaultAction,
+    KillEngine,
+    KillNode,
     Partition,
     RestartController,
+    RestartNode,
     Scenario,
+    SetReplicas,
 )
 
 
@@ -37,8 +43,10 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             return FabricDown(fabric, _ms(for_ms, factor, 1))
         case RestartController(down_for_ms=down):
             return RestartController(_ms(down, factor))
+        case KillNode() | RestartNode() | KillEngine() | FailGpu() | SetReplicas():
+            return action  # instantaneous: only its time moves, and `at_ms` is scaled apart
         case _:
-            return action
+            assert_never(action)
 
 
 def _expectation(exp: Expectation, factor: float) -> Expectation:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import assert_never
 
 import simpy
 
@@ -205,6 +206,8 @@ class SimNode:
                     self._stopped_soon(key)
                 case SendReport(report=report):
                     self.world.send_to_controller(self.name, report)
+                case _:
+                    assert_never(cmd)
 
     def _stopped_soon(self, key: ShardKey) -> None:
         """Tell the agent the shard's processes are gone, once this step is carried out."""
