@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from llmgw_twin.core.durable import (
     PutProfile,
     PutReplica,
     PutSeq,
+    ReplicaRow,
     Write,
 )
 from llmgw_twin.core.model import (
@@ -34,6 +36,8 @@ from llmgw_twin.core.model import (
     NodeInfo,
     Profile,
     ProfileName,
+    ReplicaId,
+    ShardSpec,
 )
 from llmgw_twin.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 
@@ -183,3 +187,158 @@ def test_agent_urls_survive_a_reopen_and_migrating_a_version_1_store_keeps_its_d
         store.put_agent_url(NodeId("n1"), "http://127.0.0.1:9001")
     with Store(str(path)) as store:
         assert store.agent_urls() == {"n1": "http://127.0.0.1:9001"}
+
+
+# Rows as the store has written them since schema version 1 (canonical JSON: sorted keys, no
+# spaces), literally; the second spec predates `rank_ports`.
+SPEC_0 = (
+    '{"args":["--x"],"engine":"vllm","gpus":[0,1],"leader":"n1","load_time_ms":1500,'
+    '"model":"m","model_path":"/models/m","node":"n1","nodes":["n1","n2"],"profile":"p",'
+    '"rank":0,"rank_ports":[29500,29502],"rendezvous_port":29500,"replica":"m-r1",'
+    '"shard_count":2}'
+)
+SPEC_1_OLD = (
+    '{"args":[],"engine":"vllm","gpus":[2,3],"leader":"n1","load_time_ms":0,"model":"m",'
+    '"model_path":"/models/m","node":"n2","nodes":["n1","n2"],"profile":"p","rank":1,'
+    '"rendezvous_port":29500,"replica":"m-r1","shard_count":2}'
+)
+TODAYS_ROWS: dict[str, list[tuple[object, ...]]] = {
+    "profiles": [
+        (
+            "p",
+            '{"args":["--a"],"engine":"vllm","gpus_per_node":2,"load_time_ms":20000,'
+            '"model":"/models/m","name":"p","nodes":2}',
+        )
+    ],
+    "deployments": [("m", '{"model":"m","profile":"p","replicas":3}')],
+    "nodes": [
+        (
+            "n1",
+            '{"engines":["sim","vllm"],"fabric":"ib-a","gpu_memory_mib":81920,"gpus":8,'
+            '"node":"n1"}',
+        ),
+        ("n2", '{"engines":[],"fabric":"ib-a","gpu_memory_mib":0,"gpus":4,"node":"n2"}'),
+    ],
+    "replicas": [
+        (
+            "m-r1",
+            "m",
+            '{"created_ms":10,"fabric":"ib-a","id":"m-r1","model":"m","profile":"p","seq":1,'
+            f'"shard_count":2,"specs":[{SPEC_0},{SPEC_1_OLD}]}}',
+        )
+    ],
+    "seqs": [("m", 1)],
+}
+
+
+def todays_state() -> DurableState:
+    n1, n2 = NodeId("n1"), NodeId("n2")
+    spec = ShardSpec(
+        ReplicaId("m-r1"),
+        ModelName("m"),
+        ProfileName("p"),
+        EngineName("vllm"),
+        "/models/m",
+        0,
+        2,
+        n1,
+        (0, 1),
+        n1,
+        (n1, n2),
+        29500,
+        (29500, 29502),
+        1500,
+        ("--x",),
+    )
+    old = replace(spec, rank=1, node=n2, gpus=(2, 3), rank_ports=(), load_time_ms=0, args=())
+    return DurableState(
+        profiles=(
+            Profile(ProfileName("p"), EngineName("vllm"), 2, 2, "/models/m", 20_000, ("--a",)),
+        ),
+        deployments=(Deployment(ModelName("m"), ProfileName("p"), 3),),
+        nodes=(
+            NodeInfo(n1, FabricId("ib-a"), 8, 81920, (EngineName("sim"), EngineName("vllm"))),
+            NodeInfo(n2, FabricId("ib-a"), 4, 0, ()),
+        ),
+        replicas=(
+            ReplicaRow(
+                ReplicaId("m-r1"),
+                ModelName("m"),
+                ProfileName("p"),
+                1,
+                10,
+                FabricId("ib-a"),
+                2,
+                (spec, old),
+            ),
+        ),
+        seqs=((ModelName("m"), 1),),
+    )
+
+
+def write_raw(path: Path, version: int, rows: dict[str, list[tuple[object, ...]]]) -> None:
+    """A store as an earlier controller left it: its schema up to `version`, these rows."""
+    raw = sqlite3.connect(path)
+    for migration in MIGRATIONS[:version]:
+        for statement in migration.split(";"):
+            if statement.strip():
+                raw.execute(statement)
+    for table, values in rows.items():
+        for row in values:
+            marks = ", ".join("?" * len(row))
+            raw.execute(f"INSERT INTO {table} VALUES ({marks})", row)  # noqa: S608
+    raw.execute(f"PRAGMA user_version = {version}")
+    raw.commit()
+    raw.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_written_in_todays_row_format_loads_the_same_state(
+    tmp_path: Path, version: int
+) -> None:
+    path = tmp_path / "c.db"
+    write_raw(path, version, TODAYS_ROWS)
+    expected = todays_state()
+    with Store(str(path)) as store:
+        assert store.version == SCHEMA_VERSION
+        assert store.load() == expected
+    # written again, each row is the same bytes (the old spec gains today's empty `rank_ports`)
+    again = tmp_path / "again.db"
+    with Store(str(again)) as store:
+        store.commit(
+            [PutProfile(x) for x in expected.profiles]
+            + [PutDeployment(x) for x in expected.deployments]
+            + [PutNode(x) for x in expected.nodes]
+            + [PutReplica(x) for x in expected.replicas]
+            + [PutSeq(m, s) for m, s in expected.seqs]
+        )
+    spec_1 = SPEC_1_OLD.replace('"rank":1,', '"rank":1,"rank_ports":[],')
+    ((rid, model, body),) = TODAYS_ROWS["replicas"]
+    rewritten = TODAYS_ROWS | {"replicas": [(rid, model, str(body).replace(SPEC_1_OLD, spec_1))]}
+    raw = sqlite3.connect(again)
+    for table, rows in rewritten.items():
+        query = f"SELECT * FROM {table} ORDER BY 1"  # noqa: S608
+        assert raw.execute(query).fetchall() == rows
+    raw.close()
+
+
+@pytest.mark.parametrize(
+    ("table", "row", "says"),
+    [
+        (
+            "nodes",
+            ("n9", '{"engines":[],"fabric":"f","gpu_memory_mib":0,"gpus":"8","node":"n9"}'),
+            "gpus: Input should be a valid integer",
+        ),
+        ("deployments", ("m9", '{"model":"m9","profile":"p"}'), "replicas: Field required"),
+        ("profiles", ("p9", "{not json"), "Invalid JSON"),
+    ],
+)
+def test_a_row_that_does_not_decode_is_a_store_error_naming_its_table_and_key(
+    tmp_path: Path, table: str, row: tuple[str, str], says: str
+) -> None:
+    path = tmp_path / "c.db"
+    write_raw(path, SCHEMA_VERSION, {table: [row]})
+    with Store(str(path)) as store, pytest.raises(StoreError) as err:
+        store.load()
+    assert f"{table} row {row[0]!r}" in str(err.value) and says in str(err.value)

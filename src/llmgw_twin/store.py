@@ -2,8 +2,10 @@
 
 `Store.commit(writes)` applies one step's writes in a single transaction, so a controller killed
 at any instant leaves either all of a decision or none of it; a commit that returned is on disk
-(WAL journal, `synchronous=FULL`). `Store.load()` reads the whole `DurableState` back. Rows hold
-canonical JSON (sorted keys), so the same state is the same bytes.
+(WAL journal, `synchronous=FULL`). `Store.load()` reads the whole `DurableState` back. A row's
+body is its record's canonical JSON (`codec.dumps`: sorted keys), so the same state is the same
+bytes; it is read back with `codec.loads`, where a field the row predates takes the dataclass
+default, and a row that does not decode is a `StoreError` naming its table and key.
 
 The schema carries a version (`PRAGMA user_version`); opening a store runs every migration it
 lacks, in order, each in its own transaction, and refuses a store newer than this code.
@@ -11,11 +13,11 @@ lacks, in order, each in its own transaction, and refuses a store newer than thi
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterable
-from typing import Any
+from typing import TypeVar, assert_never
 
+from llmgw_twin import codec
 from llmgw_twin.core.durable import (
     DeleteReplica,
     DurableState,
@@ -27,18 +29,7 @@ from llmgw_twin.core.durable import (
     ReplicaRow,
     Write,
 )
-from llmgw_twin.core.model import (
-    Deployment,
-    EngineName,
-    FabricId,
-    ModelName,
-    NodeId,
-    NodeInfo,
-    Profile,
-    ProfileName,
-    ReplicaId,
-    ShardSpec,
-)
+from llmgw_twin.core.model import Deployment, ModelName, NodeId, NodeInfo, Profile
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: desired state, node registry, placed replicas, id counters
@@ -56,123 +47,11 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+R = TypeVar("R")
+
 
 class StoreError(Exception):
     pass
-
-
-def _dump(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def _spec_out(s: ShardSpec) -> dict[str, Any]:
-    return {
-        "replica": s.replica,
-        "model": s.model,
-        "profile": s.profile,
-        "engine": s.engine,
-        "model_path": s.model_path,
-        "rank": s.rank,
-        "shard_count": s.shard_count,
-        "node": s.node,
-        "gpus": list(s.gpus),
-        "leader": s.leader,
-        "nodes": list(s.nodes),
-        "rendezvous_port": s.rendezvous_port,
-        "rank_ports": list(s.rank_ports),
-        "load_time_ms": s.load_time_ms,
-        "args": list(s.args),
-    }
-
-
-def _spec_in(d: dict[str, Any]) -> ShardSpec:
-    return ShardSpec(
-        replica=ReplicaId(d["replica"]),
-        model=ModelName(d["model"]),
-        profile=ProfileName(d["profile"]),
-        engine=EngineName(d["engine"]),
-        model_path=d["model_path"],
-        rank=d["rank"],
-        shard_count=d["shard_count"],
-        node=NodeId(d["node"]),
-        gpus=tuple(d["gpus"]),
-        leader=NodeId(d["leader"]),
-        nodes=tuple(NodeId(n) for n in d["nodes"]),
-        rendezvous_port=d["rendezvous_port"],
-        rank_ports=tuple(d.get("rank_ports", ())),
-        load_time_ms=d["load_time_ms"],
-        args=tuple(d["args"]),
-    )
-
-
-def _profile_out(p: Profile) -> dict[str, Any]:
-    return {
-        "name": p.name,
-        "engine": p.engine,
-        "nodes": p.nodes,
-        "gpus_per_node": p.gpus_per_node,
-        "model": p.model,
-        "load_time_ms": p.load_time_ms,
-        "args": list(p.args),
-    }
-
-
-def _profile_in(d: dict[str, Any]) -> Profile:
-    return Profile(
-        ProfileName(d["name"]),
-        EngineName(d["engine"]),
-        d["nodes"],
-        d["gpus_per_node"],
-        d["model"],
-        d["load_time_ms"],
-        tuple(d["args"]),
-    )
-
-
-def _node_out(n: NodeInfo) -> dict[str, Any]:
-    return {
-        "node": n.node,
-        "fabric": n.fabric,
-        "gpus": n.gpus,
-        "gpu_memory_mib": n.gpu_memory_mib,
-        "engines": list(n.engines),
-    }
-
-
-def _node_in(d: dict[str, Any]) -> NodeInfo:
-    return NodeInfo(
-        NodeId(d["node"]),
-        FabricId(d["fabric"]),
-        d["gpus"],
-        d["gpu_memory_mib"],
-        tuple(EngineName(e) for e in d["engines"]),
-    )
-
-
-def _replica_out(r: ReplicaRow) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "model": r.model,
-        "profile": r.profile,
-        "seq": r.seq,
-        "created_ms": r.created_ms,
-        "fabric": r.fabric,
-        "shard_count": r.shard_count,
-        "specs": [_spec_out(s) for s in r.specs],
-    }
-
-
-def _replica_in(d: dict[str, Any]) -> ReplicaRow:
-    return ReplicaRow(
-        ReplicaId(d["id"]),
-        ModelName(d["model"]),
-        ProfileName(d["profile"]),
-        d["seq"],
-        d["created_ms"],
-        FabricId(d["fabric"]),
-        d["shard_count"],
-        tuple(_spec_in(s) for s in d["specs"]),
-    )
 
 
 class Store:
@@ -231,28 +110,29 @@ class Store:
                     case PutProfile(profile=p):
                         db.execute(
                             "INSERT OR REPLACE INTO profiles VALUES (?, ?)",
-                            (p.name, _dump(_profile_out(p))),
+                            (p.name, codec.dumps(p)),
                         )
                     case PutDeployment(deployment=d):
-                        body = {"model": d.model, "profile": d.profile, "replicas": d.replicas}
                         db.execute(
                             "INSERT OR REPLACE INTO deployments VALUES (?, ?)",
-                            (d.model, _dump(body)),
+                            (d.model, codec.dumps(d)),
                         )
                     case PutNode(info=n):
                         db.execute(
                             "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
-                            (n.node, _dump(_node_out(n))),
+                            (n.node, codec.dumps(n)),
                         )
                     case PutReplica(row=r):
                         db.execute(
                             "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
-                            (r.id, r.model, _dump(_replica_out(r))),
+                            (r.id, r.model, codec.dumps(r)),
                         )
                     case DeleteReplica(replica=rid):
                         db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
                     case PutSeq(model=m, seq=s):
                         db.execute("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (m, s))
+                    case _:
+                        assert_never(w)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -275,22 +155,24 @@ class Store:
     def load(self) -> DurableState:
         db = self._db
 
-        def bodies(table: str, key: str) -> list[dict[str, Any]]:
-            rows = db.execute(f"SELECT body FROM {table} ORDER BY {key}").fetchall()  # noqa: S608
-            return [json.loads(r[0]) for r in rows]
+        def rows(cls: type[R], table: str, key: str) -> tuple[R, ...]:
+            query = f"SELECT {key}, body FROM {table} ORDER BY {key}"  # noqa: S608
+            out: list[R] = []
+            for k, body in db.execute(query).fetchall():
+                try:
+                    out.append(codec.loads(cls, body))
+                except codec.CodecError as err:
+                    raise StoreError(f"{self.path}: {table} row {k!r}: {err}") from err
+            return tuple(out)
 
-        deployments = tuple(
-            Deployment(ModelName(d["model"]), ProfileName(d["profile"]), d["replicas"])
-            for d in bodies("deployments", "model")
-        )
         seqs = tuple(
             (ModelName(m), int(s))
             for m, s in db.execute("SELECT model, seq FROM seqs ORDER BY model").fetchall()
         )
         return DurableState(
-            profiles=tuple(_profile_in(p) for p in bodies("profiles", "name")),
-            deployments=deployments,
-            nodes=tuple(_node_in(n) for n in bodies("nodes", "node")),
-            replicas=tuple(_replica_in(r) for r in bodies("replicas", "id")),
+            profiles=rows(Profile, "profiles", "name"),
+            deployments=rows(Deployment, "deployments", "model"),
+            nodes=rows(NodeInfo, "nodes", "node"),
+            replicas=rows(ReplicaRow, "replicas", "id"),
             seqs=seqs,
         )

@@ -1,8 +1,11 @@
 """The wire format of the production shell: pydantic models of every message, and error replies.
 
-Role: the controller's and the agent's HTTP bodies are these models; each converts exactly to and
-from the core's frozen dataclasses (`to_core` / `from_core`, round trips are tested), so the
-shells only move messages and every decision stays in the cores.
+Role: the controller's and the agent's HTTP bodies are these models. A model's fields are its core
+record's, by name (a test checks that they cannot drift); the model adds only what HTTP needs:
+strict validation constraints and the OpenAPI schema. It converts to and from the core's frozen
+dataclasses through the one codec (`llmgw_twin.codec`), never by copying fields by hand
+(`to_core` / `from_core`, round trips are tested), so the shells only move messages and every
+decision stays in the cores.
 
 Invariants:
 - Validation is strict: no coercion ("8" is not 8), no unknown keys, names are letters, digits,
@@ -15,8 +18,8 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Annotated, Any
+from collections.abc import Collection, Sequence
+from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,18 +27,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from llmgw_twin import codec
 from llmgw_twin.core import protocol as p
 from llmgw_twin.core.model import (
     ENGINES,
     Deployment,
-    EngineName,
-    FabricId,
-    ModelName,
-    NodeId,
     NodeInfo,
     Profile,
-    ProfileName,
-    ReplicaId,
     ShardReport,
     ShardSpec,
     ShardState,
@@ -57,9 +55,46 @@ Url = Annotated[
     str, Strict(), StringConstraints(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=512)
 ]
 
+R = TypeVar("R")
+
 
 class Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def _to(self, record: type[R], *, exclude: Collection[str] = (), **fields: Any) -> R:
+        """This body as a `record`, through the codec, less the fields it `exclude`s (beyond the
+        record) and with `fields` it does not carry (a name from the URL path)."""
+        return codec.decode(record, self.model_dump(mode="json", exclude=set(exclude)) | fields)
+
+    @classmethod
+    def _of(cls, record: object, *, drop: Collection[str] = (), **fields: Any) -> Self:
+        """The body of a core record, through the codec, less the fields it `drop`s (carried
+        elsewhere) and with `fields` beyond the record; validated as any body is."""
+        data = {k: v for k, v in codec.encode(record).items() if k not in drop}
+        return cls.model_validate(data | fields)
+
+
+class Mirror(Wire, Generic[R]):
+    """A body with exactly its core record's fields (`class NodeInfoW(Mirror[NodeInfo])`): it
+    converts both ways with nothing added."""
+
+    core: ClassVar[type[Any]]
+    """The record, read from the parametrised base `Mirror[Record]`."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        meta = cls.__pydantic_generic_metadata__
+        if meta["origin"] is Mirror:
+            cls.core = meta["args"][0]
+
+    def to_core(self) -> R:
+        out: R = self._to(self.core)
+        return out
+
+    @classmethod
+    def from_core(cls, record: R) -> Self:
+        return cls._of(record)
 
 
 def _check_engine(engine: str) -> None:
@@ -67,7 +102,7 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
 
 
-class NodeInfoW(Wire):
+class NodeInfoW(Mirror[NodeInfo]):
     node: Name
     fabric: Name
     gpus: Count
@@ -80,24 +115,8 @@ class NodeInfoW(Wire):
             _check_engine(e)
         return self
 
-    def to_core(self) -> NodeInfo:
-        engines = tuple(EngineName(e) for e in self.engines)
-        return NodeInfo(
-            NodeId(self.node), FabricId(self.fabric), self.gpus, self.gpu_memory_mib, engines
-        )
 
-    @staticmethod
-    def from_core(n: NodeInfo) -> NodeInfoW:
-        return NodeInfoW(
-            node=n.node,
-            fabric=n.fabric,
-            gpus=n.gpus,
-            gpu_memory_mib=n.gpu_memory_mib,
-            engines=list(n.engines),
-        )
-
-
-class ShardSpecW(Wire):
+class ShardSpecW(Mirror[ShardSpec]):
     replica: Name
     model: Name
     profile: Name
@@ -129,71 +148,13 @@ class ShardSpecW(Wire):
             raise ValueError("gpus must not repeat")
         return self
 
-    def to_core(self) -> ShardSpec:
-        return ShardSpec(
-            replica=ReplicaId(self.replica),
-            model=ModelName(self.model),
-            profile=ProfileName(self.profile),
-            engine=EngineName(self.engine),
-            model_path=self.model_path,
-            rank=self.rank,
-            shard_count=self.shard_count,
-            node=NodeId(self.node),
-            gpus=tuple(self.gpus),
-            leader=NodeId(self.leader),
-            nodes=tuple(NodeId(n) for n in self.nodes),
-            rendezvous_port=self.rendezvous_port,
-            rank_ports=tuple(self.rank_ports),
-            load_time_ms=self.load_time_ms,
-            args=tuple(self.args),
-        )
 
-    @staticmethod
-    def from_core(s: ShardSpec) -> ShardSpecW:
-        return ShardSpecW(
-            replica=s.replica,
-            model=s.model,
-            profile=s.profile,
-            engine=s.engine,
-            model_path=s.model_path,
-            rank=s.rank,
-            shard_count=s.shard_count,
-            node=s.node,
-            gpus=list(s.gpus),
-            leader=s.leader,
-            nodes=list(s.nodes),
-            rendezvous_port=s.rendezvous_port,
-            rank_ports=list(s.rank_ports),
-            load_time_ms=s.load_time_ms,
-            args=list(s.args),
-        )
-
-
-class ShardReportW(Wire):
+class ShardReportW(Mirror[ShardReport]):
     spec: ShardSpecW
     state: ShardState
     endpoint: Url | None = None
     exit_code: Annotated[int, Strict()] | None = None
     argv: list[Arg] = []
-
-    def to_core(self) -> ShardReport:
-        return ShardReport(
-            self.spec.to_core(), self.state, self.endpoint, self.exit_code, tuple(self.argv)
-        )
-
-    @staticmethod
-    def from_core(r: ShardReport) -> ShardReportW:
-        return ShardReportW(
-            spec=ShardSpecW.from_core(r.spec),
-            state=r.state,
-            endpoint=r.endpoint,
-            exit_code=r.exit_code,
-            argv=list(r.argv),
-        )
-
-
-def _reports(shards: Sequence[ShardReportW]) -> tuple[ShardReport, ...]:
-    return tuple(s.to_core() for s in shards)
 
 
 class NodeRegisteredW(Wire):
@@ -206,40 +167,21 @@ class NodeRegisteredW(Wire):
     failed_gpus: list[Count] = []
 
     def to_core(self) -> p.NodeRegistered:
-        return p.NodeRegistered(
-            self.info.to_core(),
-            _reports(self.shards),
-            self.incarnation,
-            tuple(sorted(set(self.failed_gpus))),
-        )
+        failed = sorted(set(self.failed_gpus))
+        return self._to(p.NodeRegistered, exclude={"agent_url"}, failed_gpus=failed)
 
-    @staticmethod
-    def from_core(m: p.NodeRegistered, agent_url: str) -> NodeRegisteredW:
-        return NodeRegisteredW(
-            info=NodeInfoW.from_core(m.info),
-            shards=[ShardReportW.from_core(s) for s in m.shards],
-            incarnation=m.incarnation,
-            agent_url=agent_url,
-            failed_gpus=list(m.failed_gpus),
-        )
+    @classmethod
+    def from_core(cls, m: p.NodeRegistered, agent_url: str) -> Self:
+        return cls._of(m, agent_url=agent_url)
 
 
-class HeartbeatW(Wire):
+class HeartbeatW(Mirror[p.Heartbeat]):
     node: Name
     shards: list[ShardReportW] = []
     failed_gpus: list[Count] = []
 
     def to_core(self) -> p.Heartbeat:
-        failed = tuple(sorted(set(self.failed_gpus)))
-        return p.Heartbeat(NodeId(self.node), _reports(self.shards), failed)
-
-    @staticmethod
-    def from_core(m: p.Heartbeat) -> HeartbeatW:
-        return HeartbeatW(
-            node=m.node,
-            shards=[ShardReportW.from_core(s) for s in m.shards],
-            failed_gpus=list(m.failed_gpus),
-        )
+        return self._to(p.Heartbeat, failed_gpus=sorted(set(self.failed_gpus)))
 
 
 class ReportReplyW(Wire):
@@ -249,27 +191,13 @@ class ReportReplyW(Wire):
     report: bool = False
 
 
-class AssignShardsW(Wire):
+class AssignShardsW(Mirror[p.AssignShards]):
     node: Name
     shards: list[ShardSpecW]
 
-    def to_core(self) -> p.AssignShards:
-        return p.AssignShards(NodeId(self.node), tuple(s.to_core() for s in self.shards))
 
-    @staticmethod
-    def from_core(m: p.AssignShards) -> AssignShardsW:
-        return AssignShardsW(node=m.node, shards=[ShardSpecW.from_core(s) for s in m.shards])
-
-
-class RequestReportW(Wire):
+class RequestReportW(Mirror[p.RequestReport]):
     node: Name
-
-    def to_core(self) -> p.RequestReport:
-        return p.RequestReport(NodeId(self.node))
-
-    @staticmethod
-    def from_core(m: p.RequestReport) -> RequestReportW:
-        return RequestReportW(node=m.node)
 
 
 class ProfileW(Wire):
@@ -288,26 +216,11 @@ class ProfileW(Wire):
         return self
 
     def to_core(self, name: str) -> Profile:
-        return Profile(
-            ProfileName(name),
-            EngineName(self.engine),
-            self.nodes,
-            self.gpus_per_node,
-            self.model,
-            self.load_time_ms,
-            tuple(self.args),
-        )
+        return self._to(Profile, name=name)
 
-    @staticmethod
-    def from_core(pr: Profile) -> ProfileW:
-        return ProfileW(
-            engine=pr.engine,
-            nodes=pr.nodes,
-            gpus_per_node=pr.gpus_per_node,
-            model=pr.model,
-            load_time_ms=pr.load_time_ms,
-            args=list(pr.args),
-        )
+    @classmethod
+    def from_core(cls, pr: Profile) -> Self:
+        return cls._of(pr, drop={"name"})
 
 
 class DeploymentW(Wire):
@@ -317,11 +230,11 @@ class DeploymentW(Wire):
     replicas: Count
 
     def to_core(self, model: str) -> Deployment:
-        return Deployment(ModelName(model), ProfileName(self.profile), self.replicas)
+        return self._to(Deployment, model=model)
 
-    @staticmethod
-    def from_core(d: Deployment) -> DeploymentW:
-        return DeploymentW(profile=d.profile, replicas=d.replicas)
+    @classmethod
+    def from_core(cls, d: Deployment) -> Self:
+        return cls._of(d, drop={"model"})
 
 
 Scalar = Annotated[str, Strict()] | Annotated[bool, Strict()] | Annotated[int, Strict()]
