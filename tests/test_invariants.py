@@ -54,9 +54,12 @@ def test_single_fabric_catches_a_replica_split_across_fabrics(
     real = CapacityIndex.place
 
     def split(
-        self: CapacityIndex, profile: Profile, per: dict[FabricId, int]
+        self: CapacityIndex,
+        profile: Profile,
+        per: dict[FabricId, int],
+        excluded: frozenset[NodeId] = frozenset(),
     ) -> Placement | Unplaceable:
-        got = real(self, profile, per)
+        got = real(self, profile, per, excluded)
         if isinstance(got, Placement) and got.nodes[0] == "node01":
             return Placement(got.fabric, (NodeId("node01"), NodeId("node03")), got.gpus)
         return got

@@ -302,7 +302,8 @@ def test_a_store_written_in_todays_row_format_loads_the_same_state(
     with Store(str(path)) as store:
         assert store.version == SCHEMA_VERSION
         assert store.load() == expected
-    # written again, each row is the same bytes (the old spec gains today's empty `rank_ports`)
+    # written again, each row is the same bytes (the old spec gains today's empty `rank_ports`,
+    # the profile today's `start_timeout_ms` of 0)
     again = tmp_path / "again.db"
     with Store(str(again)) as store:
         store.commit(
@@ -314,7 +315,12 @@ def test_a_store_written_in_todays_row_format_loads_the_same_state(
         )
     spec_1 = SPEC_1_OLD.replace('"rank":1,', '"rank":1,"rank_ports":[],')
     ((rid, model, body),) = TODAYS_ROWS["replicas"]
-    rewritten = TODAYS_ROWS | {"replicas": [(rid, model, str(body).replace(SPEC_1_OLD, spec_1))]}
+    ((pname, pbody),) = TODAYS_ROWS["profiles"]
+    profile_row = (pname, str(pbody).replace('"nodes":2}', '"nodes":2,"start_timeout_ms":0}'))
+    rewritten = TODAYS_ROWS | {
+        "replicas": [(rid, model, str(body).replace(SPEC_1_OLD, spec_1))],
+        "profiles": [profile_row],
+    }
     raw = sqlite3.connect(again)
     for table, rows in rewritten.items():
         query = f"SELECT * FROM {table} ORDER BY 1"  # noqa: S608

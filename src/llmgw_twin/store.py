@@ -19,13 +19,21 @@ from typing import TypeVar, assert_never
 
 from llmgw_twin import codec
 from llmgw_twin.core.durable import (
+    DeleteFailedGpu,
+    DeleteQuarantine,
     DeleteReplica,
+    DeleteSilence,
     DurableState,
+    PutClock,
     PutDeployment,
+    PutFailedGpu,
     PutNode,
     PutProfile,
+    PutQuarantine,
     PutReplica,
     PutSeq,
+    PutSilence,
+    QuarantineRow,
     ReplicaRow,
     Write,
 )
@@ -43,6 +51,15 @@ MIGRATIONS: tuple[str, ...] = (
     # 2: where each node's agent listens (the production shell's, not the core's, to keep)
     """
     CREATE TABLE agent_urls (node TEXT PRIMARY KEY, url TEXT NOT NULL);
+    """,
+    # 3: health a restart must not forget: failed GPUs, quarantines, silence, the last clock
+    """
+    CREATE TABLE failed_gpus (node TEXT NOT NULL, gpu INTEGER NOT NULL, PRIMARY KEY (node, gpu));
+    CREATE TABLE quarantines (
+        node TEXT NOT NULL, profile TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (node, profile)
+    );
+    CREATE TABLE silence (node TEXT PRIMARY KEY, since_ms INTEGER NOT NULL);
+    CREATE TABLE clock (id INTEGER PRIMARY KEY CHECK (id = 0), now_ms INTEGER NOT NULL);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -131,6 +148,23 @@ class Store:
                         db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
                     case PutSeq(model=m, seq=s):
                         db.execute("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (m, s))
+                    case PutFailedGpu(node=n, gpu=g):
+                        db.execute("INSERT OR REPLACE INTO failed_gpus VALUES (?, ?)", (n, g))
+                    case DeleteFailedGpu(node=n, gpu=g):
+                        db.execute("DELETE FROM failed_gpus WHERE node = ? AND gpu = ?", (n, g))
+                    case PutSilence(node=n, since_ms=since):
+                        db.execute("INSERT OR REPLACE INTO silence VALUES (?, ?)", (n, since))
+                    case DeleteSilence(node=n):
+                        db.execute("DELETE FROM silence WHERE node = ?", (n,))
+                    case PutQuarantine(row=q):
+                        db.execute(
+                            "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?)",
+                            (q.node, q.profile, codec.dumps(q)),
+                        )
+                    case DeleteQuarantine(node=n, profile=p):
+                        db.execute("DELETE FROM quarantines WHERE node = ? AND profile = ?", (n, p))
+                    case PutClock(now_ms=t):
+                        db.execute("INSERT OR REPLACE INTO clock VALUES (0, ?)", (t,))
                     case _:
                         assert_never(w)
             db.execute("COMMIT")
@@ -169,10 +203,31 @@ class Store:
             (ModelName(m), int(s))
             for m, s in db.execute("SELECT model, seq FROM seqs ORDER BY model").fetchall()
         )
+        failed = tuple(
+            (NodeId(n), int(g))
+            for n, g in db.execute("SELECT node, gpu FROM failed_gpus ORDER BY node, gpu")
+        )
+        silent = tuple(
+            (NodeId(n), int(t))
+            for n, t in db.execute("SELECT node, since_ms FROM silence ORDER BY node")
+        )
+        clock = db.execute("SELECT now_ms FROM clock WHERE id = 0").fetchone()
+        quarantines: list[QuarantineRow] = []
+        for n, p, body in db.execute(
+            "SELECT node, profile, body FROM quarantines ORDER BY node, profile"
+        ):
+            try:
+                quarantines.append(codec.loads(QuarantineRow, body))
+            except codec.CodecError as err:
+                raise StoreError(f"{self.path}: quarantines row {n!r}/{p!r}: {err}") from err
         return DurableState(
             profiles=rows(Profile, "profiles", "name"),
             deployments=rows(Deployment, "deployments", "model"),
             nodes=rows(NodeInfo, "nodes", "node"),
             replicas=rows(ReplicaRow, "replicas", "id"),
             seqs=seqs,
+            failed_gpus=failed,
+            silent=silent,
+            quarantines=tuple(quarantines),
+            clock_ms=int(clock[0]) if clock is not None else 0,
         )

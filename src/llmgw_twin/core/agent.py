@@ -14,7 +14,10 @@ send a report). Its rules:
 - every change of an engine's state is reported at once, and the whole shard set again with
   every heartbeat, so the controller never waits a heartbeat interval to learn of it;
 - asked to report (a restarted controller asks), it registers again with everything it runs;
-- a failed GPU is reported with every heartbeat from then on;
+- a failed GPU is reported with every heartbeat from then on (and after a reboot, since the
+  inventory finds it failed again), and so is the state of the node's fabric links;
+- a serving leader whose health probe fails is reported `unresponsive`, and `serving` again once
+  it answers;
 - an exited engine stays reported (with its exit code) until the controller drops the shard.
 """
 
@@ -34,6 +37,8 @@ from llmgw_twin.core.protocol import (
     EngineJoined,
     EngineServing,
     EngineStarted,
+    EngineUnresponsive,
+    FabricLink,
     GpuFailed,
     Heartbeat,
     HeartbeatDue,
@@ -55,6 +60,7 @@ _REPORTED = {
     Phase.ENGINE: ShardState.STARTING,
     Phase.RUNNING: ShardState.RUNNING,
     Phase.SERVING: ShardState.SERVING,
+    Phase.UNRESPONSIVE: ShardState.UNRESPONSIVE,
     Phase.EXITED: ShardState.EXITED,
 }
 
@@ -77,13 +83,21 @@ class LocalShard:
 
 class AgentCore:
     def __init__(
-        self, info: NodeInfo, incarnation: int = 0, shards: tuple[LocalShard, ...] = ()
+        self,
+        info: NodeInfo,
+        incarnation: int = 0,
+        shards: tuple[LocalShard, ...] = (),
+        failed_gpus: tuple[int, ...] = (),
+        fabric_up: bool = True,
     ) -> None:
+        """`failed_gpus` and `fabric_up`: what the node's inventory finds at start (a failed GPU
+        stays failed across a reboot, as hardware does)."""
         self.info = info
         self.incarnation = incarnation
         self.node = info.node
         self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
-        self._failed_gpus: set[int] = set()
+        self._failed_gpus: set[int] = set(failed_gpus)
+        self._fabric_up = fabric_up
         self._stopping: dict[ShardKey, ShardSpec] = {}
         """Shards told to stop whose processes may still hold their GPUs."""
         self._report: Heartbeat | None = None
@@ -100,13 +114,16 @@ class AgentCore:
                 for s in self.shards()
                 if s.phase in _REPORTED
             )
-            self._report = Heartbeat(self.node, reports, tuple(sorted(self._failed_gpus)))
+            failed = tuple(sorted(self._failed_gpus))
+            self._report = Heartbeat(self.node, reports, failed, self._fabric_up)
         return self._report
 
     def registration(self) -> NodeRegistered:
         """What the agent sends when it starts, and whenever the controller asks."""
         report = self.report()
-        return NodeRegistered(self.info, report.shards, self.incarnation, report.failed_gpus)
+        return NodeRegistered(
+            self.info, report.shards, self.incarnation, report.failed_gpus, report.fabric_up
+        )
 
     def handle(self, event: AgentEvent) -> AgentStep:
         out: list[AgentCommand] = []
@@ -129,6 +146,8 @@ class AgentCore:
                 changed = self._advance(key, Phase.SERVING)
                 if changed:
                     self._shards[key].endpoint = endpoint
+            case EngineUnresponsive(key=key):
+                changed = self._advance(key, Phase.UNRESPONSIVE)
             case EngineExited(key=key, exit_code=code):
                 changed = self._advance(key, Phase.EXITED)
                 if changed:
@@ -143,6 +162,9 @@ class AgentCore:
             case GpuFailed(gpu=gpu):
                 changed = gpu not in self._failed_gpus
                 self._failed_gpus.add(gpu)
+            case FabricLink(up=up):
+                changed = up != self._fabric_up
+                self._fabric_up = up
             case HeartbeatDue():
                 out.append(SendReport(self.report()))
             case ReportRequested():

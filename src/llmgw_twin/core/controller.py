@@ -27,7 +27,20 @@ from __future__ import annotations
 from typing import assert_never
 
 from llmgw_twin.core.assignments import Assignments
-from llmgw_twin.core.durable import DurableState, PutDeployment, PutNode, PutProfile
+from llmgw_twin.core.durable import (
+    DeleteFailedGpu,
+    DeleteQuarantine,
+    DeleteSilence,
+    DurableState,
+    PutClock,
+    PutDeployment,
+    PutFailedGpu,
+    PutNode,
+    PutProfile,
+    PutSilence,
+)
+from llmgw_twin.core.failures import FailureBook
+from llmgw_twin.core.guard import MassLossGuard
 from llmgw_twin.core.health import HealthChange, HealthTracker
 from llmgw_twin.core.lifecycle import Lifecycle
 from llmgw_twin.core.model import (
@@ -52,6 +65,8 @@ from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
+    ClearFailedGpu,
+    ClearQuarantine,
     ControllerCommand,
     ControllerEvent,
     Heartbeat,
@@ -78,6 +93,8 @@ class Controller:
         self._nodes: dict[NodeId, NodeInfo] = {}
         self._profiles: dict[ProfileName, Profile] = {}
         self._deployments: dict[ModelName, Deployment] = {}
+        self._failures = FailureBook(timings)
+        self._guard = MassLossGuard(timings)
         self._life = Lifecycle(
             self._replicas,
             self._assignments,
@@ -85,7 +102,14 @@ class Controller:
             self._profiles,
             self._deployments,
             self._out,
+            timings,
+            self._failures,
+            self._node_ok,
+            self._counts,
         )
+        self._silence_marked: set[NodeId] = set()
+        """Nodes whose silence the store records (cleared in the store when heard)."""
+        self._clock_written_ms: int | None = None
         self._incarnations: dict[NodeId, int] = {}
         self._heard_nodes: set[NodeId] = set()
         """Nodes heard from since this controller started: only these are placed on."""
@@ -125,6 +149,32 @@ class Controller:
     def deployments(self) -> list[Deployment]:
         return [self._deployments[m] for m in sorted(self._deployments)]
 
+    def held(self) -> bool:
+        """The mass-loss guard holds: the controller takes the fleet's silence for its own."""
+        return self._guard.held
+
+    def failed_gpus(self, node: NodeId) -> tuple[int, ...]:
+        return self._capacity.failed_gpus(node)
+
+    def quarantines(self) -> list[tuple[NodeId, ProfileName, int, str]]:
+        rows = self._failures.quarantines
+        return [(q.node, q.profile, q.until_ms, q.reason) for _, q in sorted(rows.items())]
+
+    def link_up(self, node: NodeId) -> bool:
+        return self._capacity.link_up(node)
+
+    def _node_ok(self, node: NodeId) -> bool:
+        """Alive and heard since this controller started."""
+        return node in self._heard_nodes and self._health.state(node) is NodeState.ALIVE
+
+    def _counts(self, rec: ReplicaRecord) -> bool:
+        """Whether a live replica counts toward its deployment's desired count: a restored one
+        still waiting on a node gone silent does not (outside a mass-loss hold)."""
+        if rec.state is not ReplicaState.ADOPTING or self._guard.held:
+            return True
+        silent = (NodeState.SUSPECT, NodeState.LOST)
+        return not any(self._health.state(n) in silent for n in rec.nodes)
+
     # --- inputs ------------------------------------------------------------------------------
 
     def handle(self, event: ControllerEvent, now_ms: int) -> Step:
@@ -132,6 +182,7 @@ class Controller:
         match event:
             case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
                 self._register(info, now_ms, incarnation)
+                self._link(info.node, event.fabric_up)
                 self._gpus_failed(info.node, event.failed_gpus)
                 self._observe(info.node, shards)
             case Heartbeat(node=node, shards=shards):
@@ -139,6 +190,7 @@ class Controller:
                     # unknown here (registered while this controller was down, say)
                     return Step(commands=(RequestReport(node),))
                 self._hear(node, now_ms)
+                self._link(node, event.fabric_up)
                 self._gpus_failed(node, event.failed_gpus)
                 self._observe(node, shards)
             case ApplyProfile(profile=profile):
@@ -150,6 +202,28 @@ class Controller:
                 self._deployments[dep.model] = dep
                 self._replicas.track_model(dep.model)
                 self._out.write(PutDeployment(dep))
+            case ClearFailedGpu(node=node, gpu=gpu):
+                if not self._capacity.has_node(node) or not self._capacity.clear_failed_gpu(
+                    node, gpu
+                ):
+                    raise ValueError(f"GPU {gpu} of node {node} is not marked failed")
+                self._out.write(DeleteFailedGpu(node, gpu))
+                self._out.emit("gpu.cleared", node=node, gpu=gpu)
+                self._life.placement_due = True
+            case ClearQuarantine(node=node, profile=profile):
+                rows = self._failures.clear(node, profile)
+                if not rows:
+                    what = f" for profile {profile}" if profile is not None else ""
+                    raise ValueError(f"node {node} is not quarantined{what}")
+                for q in rows:
+                    self._out.write(DeleteQuarantine(q.node, q.profile))
+                    self._out.emit(
+                        "node.unquarantined",
+                        node=q.node,
+                        profile=q.profile,
+                        reason="cleared by the operator",
+                    )
+                self._life.placement_due = True
             case _:
                 assert_never(event)
         return self._out.flush()
@@ -174,11 +248,27 @@ class Controller:
             self._deployments[dep.model] = dep
             self._replicas.track_model(dep.model)
         self._replicas.seqs.update(state.seqs)
+        silent = dict(state.silent)
+        # silence is counted from the last time a controller heard the node (or, if it was not
+        # marked silent, from the last time a controller ran): restarts never reset it
+        clock = min(state.clock_ms, now_ms) if state.clock_ms > 0 else now_ms
+        seen = {n.node: min(silent.get(n.node, clock), now_ms) for n in state.nodes}
         for info in state.nodes:
             self._nodes[info.node] = info
             self._capacity.add_node(info)  # not schedulable until heard from
             self._assignments.track(info.node)
-            self._health.seen(info.node, now_ms)  # silence is counted from the restart
+        lost_after = self.timings.node_lost_after_ms
+        for node in sorted(seen, key=lambda n: (seen[n], n)):
+            # silent past the lost window while a controller still ran: declared lost then
+            was_lost = node in silent and clock - silent[node] >= lost_after
+            self._health.restore(node, seen[node], was_lost)
+            if silent.get(node) != seen[node]:
+                self._out.write(PutSilence(node, seen[node]))
+            self._silence_marked.add(node)
+        for node, gpu in state.failed_gpus:
+            if self._capacity.has_node(node):
+                self._capacity.fail_gpu(node, gpu)
+        self._failures.restore(state.quarantines)
         for row in state.replicas:
             profile = self._profiles[row.profile]
             rec = ReplicaRecord(row.id, row.model, profile, row.seq, row.created_ms)
@@ -192,8 +282,16 @@ class Controller:
     def tick(self, now_ms: int) -> Step:
         """One reconcile pass over what changed since the last one."""
         self._out.now_ms = now_ms
-        for change in self._health.expire(now_ms):
+        for change in self._health.expire_suspect(now_ms):
             self._heard(change)
+        self._judge_mass_loss(now_ms)
+        if not self._guard.held:
+            for change in self._health.expire_lost(now_ms):
+                self._heard(change)
+        for q in self._failures.expired(now_ms):
+            self._out.write(DeleteQuarantine(q.node, q.profile))
+            self._out.emit("node.unquarantined", node=q.node, profile=q.profile, reason="expired")
+            self._life.placement_due = True
         for rid in sorted(self._replicas.adopting):
             if rid in self._replicas.adopting:  # a failure earlier in this pass may have reaped it
                 self._try_adopt(self._replicas[rid])
@@ -204,6 +302,7 @@ class Controller:
                 adopted=self._adopted_count,
                 restored=self._restored_count,
             )
+        self._life.run_timers()
         dirty = self._replicas.dirty
         for rid in sorted(dirty):
             if rid in dirty:
@@ -219,6 +318,10 @@ class Controller:
         for node in self._assignments.take_dirty():
             if self._health.state(node) in (NodeState.ALIVE, NodeState.SUSPECT):
                 commands.append(AssignShards(node, self.assigned(node)))
+        written = self._clock_written_ms
+        if written is None or now_ms - written >= self.timings.heartbeat_interval_ms:
+            self._clock_written_ms = now_ms
+            self._out.write(PutClock(now_ms))
         return self._out.flush(
             tuple(commands), wake_at_ms=now_ms + self.timings.reconcile_interval_ms
         )
@@ -245,14 +348,61 @@ class Controller:
         self._assignments.dirty.add(info.node)
 
     def _gpus_failed(self, node: NodeId, gpus: tuple[int, ...]) -> None:
-        """A failed GPU is never offered again (the replica using it fails by its exit)."""
+        """A failed GPU is never offered again, across restarts, until an operator clears it; a
+        live replica on it fails at once."""
         for gpu in gpus:
-            if self._capacity.fail_gpu(node, gpu):
-                self._life.placement_due = True
+            if not self._capacity.fail_gpu(node, gpu):
+                continue
+            self._out.write(PutFailedGpu(node, gpu))
+            self._out.emit("gpu.failed", node=node, gpu=gpu)
+            self._life.placement_due = True
+            for spec in self.assigned(node):
+                rec = self._replicas.get(spec.replica)
+                if gpu in spec.gpus and rec is not None and rec.state.live:
+                    self._life.fail(rec, f"GPU {gpu} failed on {node}", node)
+
+    def _link(self, node: NodeId, up: bool) -> None:
+        """The node's fabric link state: a node whose links are down takes no multi-node shard."""
+        if not self._capacity.set_link_up(node, up):
+            return
+        fabric = self._nodes[node].fabric
+        self._out.emit("node.link_up" if up else "node.link_down", node=node, fabric=fabric)
+        if up:
+            self._life.placement_due = True
+
+    def _judge_mass_loss(self, now_ms: int) -> None:
+        alive, suspect = self._health.alive_count, self._health.suspect_count
+        guard = self._guard
+        if guard.should_hold(alive, suspect):
+            guard.hold(now_ms, alive, suspect)
+            self._out.emit(
+                "fleet.hold",
+                silent=suspect,
+                fleet=alive + suspect,
+                reason=f"{suspect} of {alive + suspect} nodes silent at once: taken for the "
+                "controller's own partition; nothing is failed or reaped for silence",
+            )
+            for node in self._health.suspects():
+                for rid in self.replicas_on(node):
+                    self._life.reroute(self._replicas[rid], None, "mass-loss hold keeps routes")
+        elif guard.should_resume(alive):
+            guard.resume()
+            silent = self._health.restart_silence(now_ms)
+            self._out.emit("fleet.resumed", heard=alive, fleet=guard.fleet, silent=len(silent))
+            for node in silent:
+                self._out.write(PutSilence(node, now_ms))  # silence counts from now
+                self._silence_marked.add(node)
+                for rid in self.replicas_on(node):
+                    self._life.unroute(self._replicas[rid], node)
 
     def _hear(self, node: NodeId, now_ms: int, announce: bool = True) -> None:
         """A node spoke: it is alive, and once heard it may be placed on."""
         change = self._health.seen(node, now_ms)
+        if node in self._silence_marked:
+            self._silence_marked.discard(node)
+            self._out.write(DeleteSilence(node))
+        if self._failures.heard(node, now_ms):
+            self._life.placement_due = True
         if node not in self._heard_nodes:
             self._heard_nodes.add(node)
             self._capacity.set_schedulable(node, True)
@@ -271,9 +421,21 @@ class Controller:
                 self._capacity.set_schedulable(node, True)
                 self._life.placement_due = True
                 self._assignments.dirty.add(node)
+                for rid in self.replicas_on(node):
+                    self._life.reroute(self._replicas[rid], node, f"node {node} heard again")
             case NodeState.SUSPECT:
                 self._out.emit("node.suspect", node=node, fabric=fabric)
                 self._capacity.set_schedulable(node, False)
+                since = self._health.last_seen_ms(node)
+                if since is not None and node not in self._silence_marked:
+                    self._out.write(PutSilence(node, since))
+                    self._silence_marked.add(node)
+                for rid in self.replicas_on(node):
+                    rec = self._replicas[rid]
+                    if not self._guard.held:
+                        self._life.unroute(rec, node)
+                    if rec.state is ReplicaState.ADOPTING:
+                        self._replicas.dirty_models.add(rec.model)  # no longer counted
             case NodeState.LOST:
                 self._out.emit("node.lost", node=node, fabric=fabric)
                 self._capacity.set_schedulable(node, False)
@@ -310,7 +472,8 @@ class Controller:
             rec = self._replicas[key.replica]
             if rec.state.live and key not in reported and key.rank in rec.reports:
                 # it ran here and is gone without an exit report: the agent lost it
-                self._life.fail(rec, f"shard {key.rank} vanished from {node}", node)
+                reason = f"shard {key.rank} vanished from {node}"
+                self._life.fail(rec, reason, node, crash=True, reporter=node)
 
     def _record_report(self, rec: ReplicaRecord, rank: int, report: ShardReport) -> None:
         before = rec.reports.get(rank)
@@ -321,15 +484,22 @@ class Controller:
         if report.state is ShardState.EXITED:
             # whole no more: out of service in this very step, not at the next tick
             reason = f"shard {rank} exited with code {report.exit_code} on {spec.node}"
-            self._life.fail(rec, reason, spec.node)
+            self._life.fail(rec, reason, spec.node, crash=True, reporter=spec.node)
             return
         if rec.state is ReplicaState.ADOPTING:
             return  # a shard that was running before the restart: nothing started it now
+        if rank == 0 and report.state is ShardState.UNRESPONSIVE:
+            if rec.state is ReplicaState.READY:
+                reason = f"leader on {spec.node} not answering its health probe"
+                self._life.degrade(rec, reason)
+            return  # not ready yet: its start deadline judges it
+        if rank == 0 and report.state is ShardState.SERVING and rec.is_degraded():
+            self._life.recover(rec, report.endpoint)
+            return
         up = ShardState.SERVING if rank == 0 else ShardState.RUNNING
-        if rec.state is ReplicaState.READY and report.state is not up:
-            self._life.fail(
-                rec, f"shard {rank} on {spec.node} went {report.state.value}", spec.node
-            )
+        if rec.state in (ReplicaState.READY, ReplicaState.DEGRADED) and report.state is not up:
+            reason = f"shard {rank} on {spec.node} went {report.state.value}"
+            self._life.fail(rec, reason, spec.node, crash=True, reporter=spec.node)
             return
         if report.state is ShardState.STARTING:
             self._out.emit(
@@ -354,6 +524,10 @@ class Controller:
         if not rec.state.live:
             adopting.discard(rec.id)
             return
+        lost = [s.node for s in rec.specs if self._health.state(s.node) is NodeState.LOST]
+        if lost:
+            self._life.fail(rec, f"node {lost[0]} lost", lost[0])
+            return
         if any(spec.node not in self._heard_nodes for spec in rec.specs):
             return  # wait: an unheard node is declared lost after its silence, failing this
         adopting.discard(rec.id)
@@ -366,6 +540,9 @@ class Controller:
         ready = rec.whole()
         rec.move(ReplicaState.READY if ready else ReplicaState.STARTING)
         rec.endpoint = rec.reports[0].endpoint if ready else None
+        if not ready:
+            self._life.watch_start(rec)
+        self._replicas.dirty_models.add(rec.model)  # counted again, if it was not
         self._adopted_count += 1
         self._out.emit(
             "replica.adopted",

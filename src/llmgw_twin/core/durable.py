@@ -5,7 +5,10 @@ commits them in one transaction (`control.store`) before it carries out any of t
 commands, so nothing is ever sent for a decision that a crash could forget. Only what cannot be
 observed is kept: desired state (profiles, deployments), the node registry, where each live
 replica was placed (with the exact shard specs its agents hold), and the replica-id counters.
-Health and readiness are not kept: a restarted controller observes them again.
+Readiness is not kept: a restarted controller observes it again. Of health, only what a restart
+would otherwise forget is kept: failed GPUs (a rebooted node may report them healthy), node
+quarantines, and since when each node has been silent together with the controller's last known
+time (so a controller that restarts often still declares a dead node lost in bounded time).
 
 `DurableState.apply` is the reference semantics of every write; the SQLite store must agree with
 it (a property test checks that it does, across reopening).
@@ -44,6 +47,16 @@ class ReplicaRow:
 
 
 @dataclass(frozen=True, slots=True)
+class QuarantineRow:
+    """`node` takes no shard of `profile` until `until_ms` (or an operator clears it)."""
+
+    node: NodeId
+    profile: ProfileName
+    until_ms: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class PutProfile:
     profile: Profile
 
@@ -76,7 +89,64 @@ class PutSeq:
     seq: int
 
 
-Write = PutProfile | PutDeployment | PutNode | PutReplica | DeleteReplica | PutSeq
+@dataclass(frozen=True, slots=True)
+class PutFailedGpu:
+    node: NodeId
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFailedGpu:
+    node: NodeId
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutSilence:
+    """`node` has not been heard since `since_ms`."""
+
+    node: NodeId
+    since_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSilence:
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class PutQuarantine:
+    row: QuarantineRow
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQuarantine:
+    node: NodeId
+    profile: ProfileName
+
+
+@dataclass(frozen=True, slots=True)
+class PutClock:
+    """The controller was running at `now_ms` (written at most once per heartbeat interval)."""
+
+    now_ms: int
+
+
+Write = (
+    PutProfile
+    | PutDeployment
+    | PutNode
+    | PutReplica
+    | DeleteReplica
+    | PutSeq
+    | PutFailedGpu
+    | DeleteFailedGpu
+    | PutSilence
+    | DeleteSilence
+    | PutQuarantine
+    | DeleteQuarantine
+    | PutClock
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +158,11 @@ class DurableState:
     nodes: tuple[NodeInfo, ...] = ()
     replicas: tuple[ReplicaRow, ...] = ()
     seqs: tuple[tuple[ModelName, int], ...] = field(default=())
+    failed_gpus: tuple[tuple[NodeId, int], ...] = ()
+    silent: tuple[tuple[NodeId, int], ...] = ()
+    """(node, silent since) for every node not heard since that time."""
+    quarantines: tuple[QuarantineRow, ...] = ()
+    clock_ms: int = 0
 
     def apply(self, writes: tuple[Write, ...] | list[Write]) -> DurableState:
         profiles = {p.name: p for p in self.profiles}
@@ -95,6 +170,10 @@ class DurableState:
         nodes = {n.node: n for n in self.nodes}
         replicas = {r.id: r for r in self.replicas}
         seqs = dict(self.seqs)
+        failed = set(self.failed_gpus)
+        silent = dict(self.silent)
+        quarantines = {(q.node, q.profile): q for q in self.quarantines}
+        clock = self.clock_ms
         for w in writes:
             match w:
                 case PutProfile(profile=p):
@@ -109,6 +188,20 @@ class DurableState:
                     replicas.pop(rid, None)
                 case PutSeq(model=m, seq=s):
                     seqs[m] = s
+                case PutFailedGpu(node=n, gpu=g):
+                    failed.add((n, g))
+                case DeleteFailedGpu(node=n, gpu=g):
+                    failed.discard((n, g))
+                case PutSilence(node=n, since_ms=since):
+                    silent[n] = since
+                case DeleteSilence(node=n):
+                    silent.pop(n, None)
+                case PutQuarantine(row=q):
+                    quarantines[(q.node, q.profile)] = q
+                case DeleteQuarantine(node=n, profile=p):
+                    quarantines.pop((n, p), None)
+                case PutClock(now_ms=t):
+                    clock = t
                 case _:
                     assert_never(w)
         return replace(
@@ -118,6 +211,10 @@ class DurableState:
             nodes=tuple(nodes[k] for k in sorted(nodes)),
             replicas=tuple(replicas[k] for k in sorted(replicas)),
             seqs=tuple(sorted(seqs.items())),
+            failed_gpus=tuple(sorted(failed)),
+            silent=tuple(sorted(silent.items())),
+            quarantines=tuple(quarantines[k] for k in sorted(quarantines)),
+            clock_ms=clock,
         )
 
     def node_ids(self) -> list[NodeId]:

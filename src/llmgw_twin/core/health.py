@@ -60,8 +60,38 @@ class HealthTracker:
             return None
         return HealthChange(node, before, NodeState.ALIVE)
 
+    @property
+    def alive_count(self) -> int:
+        return len(self._alive)
+
+    @property
+    def suspect_count(self) -> int:
+        return len(self._suspect)
+
+    def suspects(self) -> list[NodeId]:
+        return sorted(self._suspect)
+
+    def restore(self, node: NodeId, last_seen_ms: int, lost: bool) -> None:
+        """A restarted controller's node, last heard at `last_seen_ms`: call in order of that
+        time (ties by name), so the books stay ordered. `lost`: it was declared lost before
+        the restart (restored so without a second announcement)."""
+        if lost:
+            self._lost[node] = last_seen_ms
+        else:
+            self._alive[node] = last_seen_ms
+
+    def restart_silence(self, now_ms: int) -> list[NodeId]:
+        """Count every suspect node's silence from `now_ms` (the end of a mass-loss hold)."""
+        nodes = sorted(self._suspect)
+        self._suspect = dict.fromkeys(nodes, now_ms)
+        return nodes
+
     def expire(self, now_ms: int) -> list[HealthChange]:
         """Move every node whose silence crossed a threshold; alive may go straight to lost."""
+        return self.expire_suspect(now_ms) + self.expire_lost(now_ms)
+
+    def expire_suspect(self, now_ms: int) -> list[HealthChange]:
+        """Alive nodes silent for `node_suspect_after` turn suspect."""
         changes: list[HealthChange] = []
         while self._alive:
             node, seen = next(iter(self._alive.items()))
@@ -70,6 +100,11 @@ class HealthTracker:
             del self._alive[node]
             self._suspect[node] = seen
             changes.append(HealthChange(node, NodeState.ALIVE, NodeState.SUSPECT))
+        return changes
+
+    def expire_lost(self, now_ms: int) -> list[HealthChange]:
+        """Suspect nodes silent for `node_lost_after` are lost."""
+        changes: list[HealthChange] = []
         while self._suspect:
             node, seen = next(iter(self._suspect.items()))
             if now_ms - seen < self._lost_after:

@@ -6,16 +6,24 @@ replica lives goes with the durable write that records it (`PutSeq` before an id
 `PutReplica` on bind, `DeleteReplica` on reap), so the store always says where every live
 replica is. Every state change goes through `ReplicaRecord.move` (the table in `states.py`).
 
+It also keeps the timers of the lifecycle as data (a heap the controller's tick drains): each
+placed replica's start deadline, each degraded replica's grace, each backed-off replacement's
+earliest placement. Failures feed the `FailureBook`, whose back-off, quarantines and
+not-heard-since nodes shape every later placement.
+
 Invariants: a failed replica is reaped in the same call (its GPUs freed, its shards dropped from
-every node's assignment); a replica leaves the router's view the moment it fails.
+every node's assignment); a replica leaves the router's view the moment it fails, degrades or
+has a shard on a node turned suspect, and rejoins it when whole and heard again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Callable, Mapping
 
 from llmgw_twin.core.assignments import Assignments
-from llmgw_twin.core.durable import DeleteReplica, PutReplica, PutSeq, ReplicaRow
+from llmgw_twin.core.durable import DeleteReplica, PutQuarantine, PutReplica, PutSeq, ReplicaRow
+from llmgw_twin.core.failures import FailureBook
 from llmgw_twin.core.model import (
     RENDEZVOUS_PORT_BASE,
     Deployment,
@@ -27,9 +35,11 @@ from llmgw_twin.core.model import (
     ReplicaId,
     ReplicaState,
     ShardSpec,
+    Timings,
 )
 from llmgw_twin.core.outbox import Outbox
 from llmgw_twin.core.placement import CapacityIndex, Placement
+from llmgw_twin.core.protocol import RequestReport
 from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
 
 
@@ -42,7 +52,18 @@ class Lifecycle:
         profiles: Mapping[ProfileName, Profile],
         deployments: Mapping[ModelName, Deployment],
         out: Outbox,
+        timings: Timings,
+        failures: FailureBook,
+        node_ok: Callable[[NodeId], bool],
+        counts: Callable[[ReplicaRecord], bool],
     ) -> None:
+        self.counts = counts
+        """Whether a live replica counts toward its deployment (see `Controller._counts`)."""
+        self.timings = timings
+        self.failures = failures
+        self.node_ok = node_ok
+        """Whether a node is alive and heard (for choosing which replica to retire)."""
+        self._timers: list[tuple[int, str, ReplicaId]] = []
         self.replicas = replicas
         self.assignments = assignments
         self.capacity = capacity
@@ -58,8 +79,9 @@ class Lifecycle:
             return
         if rec.state is ReplicaState.PLACED and rec.reports:
             rec.move(ReplicaState.STARTING)
-        if rec.state is not ReplicaState.READY and rec.whole():
+        if rec.state in (ReplicaState.PLACED, ReplicaState.STARTING) and rec.whole():
             rec.move(ReplicaState.READY)
+            self.replicas.unready.pop(rec.id, None)
             rec.endpoint = rec.reports[0].endpoint
             self.out.emit(
                 "replica.ready",
@@ -70,10 +92,29 @@ class Lifecycle:
                 endpoint=rec.endpoint,
             )
 
-    def fail(self, rec: ReplicaRecord, reason: str, node: NodeId | None) -> None:
-        """Fail a replica that is whole no more, and reap it in the same step."""
+    def fail(
+        self,
+        rec: ReplicaRecord,
+        reason: str,
+        node: NodeId | None,
+        crash: bool = False,
+        blamed: tuple[NodeId, ...] | None = None,
+        reporter: NodeId | None = None,
+    ) -> None:
+        """Fail a replica that is whole no more, and reap it in the same step. `crash`: the
+        replica itself failed (an engine exit, a missed start deadline, a hung leader), which
+        counts toward back-off and, against `blamed` (default: `node`), toward quarantine."""
         if not rec.state.live:
             return
+        if blamed is None:
+            blamed = (node,) if node is not None else ()
+        started = self.failures.replica_failed(
+            rec.model, rec.profile.name, blamed, rec.nodes, self.out.now_ms, crash, reporter
+        )
+        for n in rec.nodes if crash else ():
+            if n != reporter and self.node_ok(n):
+                # is it still there? a replacement avoids it until it answers
+                self.out.command(RequestReport(n))
         rec.move(ReplicaState.FAILED)
         rec.endpoint = None
         self.out.emit(
@@ -85,6 +126,15 @@ class Lifecycle:
             reason=reason,
         )
         self.reap(rec, reason)
+        for q in started:
+            self.out.write(PutQuarantine(q))
+            self.out.emit(
+                "node.quarantined",
+                node=q.node,
+                profile=q.profile,
+                reason=q.reason,
+                until_ms=q.until_ms,
+            )
 
     def reap(self, rec: ReplicaRecord, reason: str) -> None:
         """Drop the replica's shards from every node's assignment and free its GPUs."""
@@ -104,15 +154,18 @@ class Lifecycle:
     def reconcile_deployment(self, model: ModelName) -> None:
         dep = self.deployments.get(model)
         want = dep.replicas if dep is not None else 0
-        while self.replicas.live_count(model) < want and dep is not None:
-            self.new_replica(dep)
-        while self.replicas.live_count(model) > want:
-            # retire the least useful one at a time: unplaced before placed, not ready before
-            # ready, then from the fabric holding the most replicas of this model, the newest
+        counted = [r for r in self.replicas.live(model) if self.counts(r)]
+        while len(counted) < want and dep is not None:
+            counted.append(self.new_replica(dep))
+        while len(counted) > want:
+            # retire the least useful one at a time: one with a shard on a node not heard as
+            # alive, then unplaced, then not ready, then from the fabric holding the most
+            # replicas of this model, then the newest
             per_fabric = self.replicas.per_fabric(model)
             victim = min(
-                self.replicas.live(model),
+                counted,
                 key=lambda r: (
+                    all(self.node_ok(n) for n in r.nodes),
                     r.placed,
                     r.state is ReplicaState.READY,
                     -per_fabric.get(r.fabric, 0) if r.fabric is not None else 0,
@@ -120,18 +173,30 @@ class Lifecycle:
                 ),
             )
             self.reap(victim, "scaled down")
+            counted.remove(victim)
 
-    def new_replica(self, dep: Deployment) -> None:
+    def new_replica(self, dep: Deployment) -> ReplicaRecord:
         rid, seq = self.replicas.next_id(dep.model)
         self.out.write(PutSeq(dep.model, seq))
-        rec = ReplicaRecord(rid, dep.model, self.profiles[dep.profile], seq, self.out.now_ms)
+        now = self.out.now_ms
+        rec = ReplicaRecord(rid, dep.model, self.profiles[dep.profile], seq, now)
         self.replicas.add(rec)
         self.placement_due = True  # a new replica is a reason to try placing
+        delay = self.failures.backoff_ms(dep.model, now)
+        if delay > 0:
+            rec.not_before_ms = now + delay
+            heapq.heappush(self._timers, (rec.not_before_ms, "backoff", rid))
+            self.out.emit("replica.backoff", model=dep.model, replica=rid, delay_ms=delay)
+        return rec
 
     def place_pending(self) -> None:
+        now = self.out.now_ms
         for rid in list(self.replicas.pending):
             rec = self.replicas[rid]
-            result = self.capacity.place(rec.profile, self.replicas.per_fabric(rec.model))
+            if rec.not_before_ms > now:
+                continue  # backing off: its timer tries again
+            excluded = self.failures.excluded(rec.profile.name)
+            result = self.capacity.place(rec.profile, self.replicas.per_fabric(rec.model), excluded)
             if isinstance(result, Placement):
                 self.bind(rec, result)
             elif result.reason != rec.unplaceable_reason:
@@ -170,6 +235,7 @@ class Lifecycle:
         rec.move(ReplicaState.PLACED)
         rec.unplaceable_reason = None
         self.replicas.placed(rec)
+        self.watch_start(rec)
         self.out.write(
             PutReplica(
                 ReplicaRow(
@@ -191,3 +257,96 @@ class Lifecycle:
             fabric=placement.fabric,
             nodes=placement.nodes,
         )
+
+    # --- timers ------------------------------------------------------------------------------
+
+    def watch_start(self, rec: ReplicaRecord) -> None:
+        """Arm the replica's start deadline (from now: placement, or adoption while loading)."""
+        self.replicas.unready[rec.id] = None
+        deadline = self.out.now_ms + self.timings.start_deadline_ms(rec.profile)
+        heapq.heappush(self._timers, (deadline, "start", rec.id))
+
+    def run_timers(self) -> None:
+        """Act on every timer that is due: missed start deadlines, degraded replicas past their
+        grace, back-offs that ended."""
+        now = self.out.now_ms
+        while self._timers and self._timers[0][0] <= now:
+            _, kind, rid = heapq.heappop(self._timers)
+            rec = self.replicas.get(rid)
+            if rec is None or not rec.state.live:
+                continue
+            if kind == "start" and rid in self.replicas.unready:
+                limit = self.timings.start_deadline_ms(rec.profile)
+                reason = f"not ready within {limit // 1000}s"
+                self.fail(rec, reason, None, crash=True, blamed=rec.nodes)
+                self._quarantine_nodes(rec, reason)
+            elif kind == "degraded" and rec.state is ReplicaState.DEGRADED:
+                if now - rec.degraded_since_ms >= self.timings.unresponsive_grace_ms:
+                    leader = rec.nodes[0]
+                    reason = f"leader on {leader} not answering for {self._grace_s()}s"
+                    self.fail(rec, reason, leader, crash=True)
+            elif kind == "backoff" and rec.state is ReplicaState.PENDING:
+                self.placement_due = True
+
+    def _grace_s(self) -> int:
+        return self.timings.unresponsive_grace_ms // 1000
+
+    def _quarantine_nodes(self, rec: ReplicaRecord, reason: str) -> None:
+        """A replica that could not become ready keeps its profile off the nodes it tried."""
+        rows = self.failures.quarantine(
+            rec.nodes, rec.profile.name, self.out.now_ms, f"{rec.id} {reason}"
+        )
+        for q in rows:
+            self.out.write(PutQuarantine(q))
+            self.out.emit(
+                "node.quarantined",
+                node=q.node,
+                profile=q.profile,
+                reason=q.reason,
+                until_ms=q.until_ms,
+            )
+
+    # --- readiness both ways -----------------------------------------------------------------
+
+    def degrade(self, rec: ReplicaRecord, reason: str) -> None:
+        """A ready replica's leader stopped answering: out of routing now, failed after the
+        grace unless it answers again."""
+        rec.move(ReplicaState.DEGRADED)
+        rec.degraded_since_ms = self.out.now_ms
+        rec.endpoint = None
+        grace_end = self.out.now_ms + self.timings.unresponsive_grace_ms
+        heapq.heappush(self._timers, (grace_end, "degraded", rec.id))
+        self.out.emit("replica.degraded", model=rec.model, replica=rec.id, reason=reason)
+
+    def recover(self, rec: ReplicaRecord, endpoint: str | None) -> None:
+        rec.move(ReplicaState.READY)
+        rec.endpoint = endpoint
+        self.out.emit(
+            "replica.recovered",
+            model=rec.model,
+            replica=rec.id,
+            endpoint=endpoint if not rec.unroutable else None,
+        )
+
+    def unroute(self, rec: ReplicaRecord, node: NodeId) -> None:
+        """`node` (which holds a shard of `rec`) turned suspect."""
+        was = rec.unroutable
+        rec.unroutable = was | {node}
+        if not was and rec.state is ReplicaState.READY:
+            self.out.emit(
+                "replica.unroutable", model=rec.model, replica=rec.id, reason=f"node {node} suspect"
+            )
+
+    def reroute(self, rec: ReplicaRecord, node: NodeId | None, reason: str) -> None:
+        """`node` was heard again (None: every node, as a mass-loss hold keeps routes)."""
+        if not rec.unroutable:
+            return
+        rec.unroutable = frozenset() if node is None else rec.unroutable - {node}
+        if not rec.unroutable and rec.state is ReplicaState.READY:
+            self.out.emit(
+                "replica.routable",
+                model=rec.model,
+                replica=rec.id,
+                endpoint=rec.endpoint,
+                reason=reason,
+            )

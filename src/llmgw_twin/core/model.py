@@ -20,6 +20,36 @@ EngineName = NewType("EngineName", str)
 ENGINES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang")
 """The engines the control plane knows how to launch."""
 
+CONTROL_EVENT_KINDS: tuple[str, ...] = (
+    "node.joined",
+    "node.suspect",
+    "node.lost",
+    "node.recovered",
+    "node.link_down",
+    "node.link_up",
+    "node.quarantined",
+    "node.unquarantined",
+    "gpu.failed",
+    "gpu.cleared",
+    "fleet.hold",
+    "fleet.resumed",
+    "replica.placed",
+    "shard.started",
+    "shard.serving",
+    "replica.ready",
+    "replica.degraded",
+    "replica.recovered",
+    "replica.unroutable",
+    "replica.routable",
+    "replica.failed",
+    "replica.reaped",
+    "replica.unplaceable",
+    "replica.backoff",
+    "replica.adopted",
+    "controller.started",
+)
+"""Every kind of event the control plane emits (docs/scenarios.md says what each means)."""
+
 RENDEZVOUS_PORT_BASE = 29500
 """Each rank of a replica gets a port of its own: this plus the rank's first GPU index, unique on
 that rank's node because no GPU is held by two shards. Rank 0's is the replica's rendezvous
@@ -42,6 +72,7 @@ class ReplicaState(enum.StrEnum):
     PLACED = "placed"  # nodes and GPUs booked, shards assigned to agents
     STARTING = "starting"  # at least one shard reported by its agent
     READY = "ready"  # every shard running, the leader serving with an endpoint
+    DEGRADED = "degraded"  # was ready; its leader stopped answering: out of routing, on a grace
     FAILED = "failed"  # a shard was lost or exited: the replica is whole no more
     REAPED = "reaped"  # its shards were told to stop and its GPUs freed
 
@@ -58,17 +89,46 @@ class ShardState(enum.StrEnum):
     STARTING = "starting"  # sidecar up, engine process started, model loading / joining
     RUNNING = "running"  # a worker that joined its leader; it serves nothing itself
     SERVING = "serving"  # the leader, every worker joined, answering on its endpoint
+    UNRESPONSIVE = "unresponsive"  # the leader's process is alive but its health probe fails
     EXITED = "exited"  # the engine process ended
 
 
 @dataclass(frozen=True, slots=True)
 class Timings:
-    """Control-plane settings. Defaults are the production defaults."""
+    """Control-plane settings. Defaults are the production defaults; `docs/faults.md` gives the
+    reasoning behind each."""
 
     heartbeat_interval_ms: int = 10_000
     node_suspect_after_ms: int = 30_000
     node_lost_after_ms: int = 60_000
     reconcile_interval_ms: int = 1_000
+    # mass-loss guard: the controller's own partition is not the fleet's death
+    mass_loss_share: float = 0.5
+    """Hold failing and reaping when more than this share of the fleet is silent at once."""
+    mass_loss_quorum: float = 0.5
+    """Resume judging once at least this share of the fleet is heard again."""
+    mass_loss_min_nodes: int = 4
+    """Fleets smaller than this are never held: one node's silence is too little to tell."""
+    # crash loops
+    restart_backoff_ms: int = 10_000
+    """The delay before the second replacement of a model within the failure window; it doubles
+    with each further failure, up to `restart_backoff_max_ms`. The first replacement waits for
+    nothing."""
+    restart_backoff_max_ms: int = 300_000
+    failure_window_ms: int = 600_000
+    """Failures older than this no longer count toward back-off or quarantine."""
+    quarantine_after: int = 3
+    """Failures of one profile's shards on one node, within the window, that quarantine it."""
+    quarantine_for_ms: int = 1_800_000
+    # readiness
+    start_grace_ms: int = 60_000
+    """A replica must be ready within twice its load time plus this (unless its profile sets
+    `start_timeout`), or it is failed and replaced elsewhere."""
+    probe_interval_ms: int = 5_000
+    """How often an agent probes a serving leader's health endpoint."""
+    unresponsive_grace_ms: int = 20_000
+    """How long a leader may fail its probes (out of routing meanwhile) before its replica is
+    failed and replaced."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -76,11 +136,31 @@ class Timings:
             "node_suspect_after_ms",
             "node_lost_after_ms",
             "reconcile_interval_ms",
+            "restart_backoff_ms",
+            "restart_backoff_max_ms",
+            "failure_window_ms",
+            "quarantine_after",
+            "quarantine_for_ms",
+            "probe_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        for name in ("start_grace_ms", "unresponsive_grace_ms", "mass_loss_min_nodes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
         if self.node_suspect_after_ms > self.node_lost_after_ms:
             raise ValueError("node_suspect_after must not exceed node_lost_after")
+        if self.heartbeat_interval_ms >= self.node_lost_after_ms:
+            raise ValueError("heartbeat_interval must be shorter than node_lost_after")
+        for name in ("mass_loss_share", "mass_loss_quorum"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be a share above 0 and at most 1")
+
+    def start_deadline_ms(self, profile: Profile) -> int:
+        """How long a replica of `profile` may take from placement to ready."""
+        if profile.start_timeout_ms > 0:
+            return profile.start_timeout_ms
+        return 2 * profile.load_time_ms + self.start_grace_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +185,8 @@ class Profile:
     model: str
     load_time_ms: int = 0
     args: tuple[str, ...] = ()
+    start_timeout_ms: int = 0
+    """Placement to ready at most this long; 0: twice the load time plus the start grace."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:

@@ -17,6 +17,11 @@ class Outbox:
         self.now_ms = 0
         self._events: list[TraceEvent] = []
         self._writes: list[Write] = []
+        self._commands: list[ControllerCommand] = []
+
+    def command(self, command: ControllerCommand) -> None:
+        """A command decided outside the tick's own assignment pass (a report request)."""
+        self._commands.append(command)
 
     def emit(self, kind: str, **subjects: object) -> None:
         self._events.append(TraceEvent.of(self.now_ms, kind, **subjects))
@@ -29,4 +34,6 @@ class Outbox:
     ) -> Step:
         events, self._events = tuple(self._events), []
         writes, self._writes = tuple(self._writes), []
+        if self._commands:
+            commands, self._commands = (*commands, *self._commands), []
         return Step(commands, events, wake_at_ms, writes)

@@ -39,6 +39,8 @@ class _NodeCapacity:
     booked: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     schedulable: bool = False
+    link_up: bool = True
+    """The node's fabric links are up: it may hold a shard of a multi-node replica."""
 
 
 class CapacityIndex:
@@ -112,6 +114,34 @@ class CapacityIndex:
         self._index(cap)
         return True
 
+    def clear_failed_gpu(self, node: NodeId, gpu: int) -> bool:
+        """An operator cleared a failed GPU: it is offered again. Returns whether it was failed."""
+        cap = self._nodes.get(node)
+        if cap is None or gpu not in cap.failed:
+            return False
+        self._unindex(cap)
+        cap.failed.discard(gpu)
+        if gpu not in cap.booked and gpu < cap.info.gpus:
+            bisect.insort(cap.free, gpu)
+        self._index(cap)
+        return True
+
+    def failed_gpus(self, node: NodeId) -> tuple[int, ...]:
+        cap = self._nodes.get(node)
+        return tuple(sorted(cap.failed)) if cap is not None else ()
+
+    def set_link_up(self, node: NodeId, up: bool) -> bool:
+        """Record the node's fabric link state; returns whether it changed."""
+        cap = self._nodes[node]
+        if cap.link_up == up:
+            return False
+        cap.link_up = up
+        return True
+
+    def link_up(self, node: NodeId) -> bool:
+        cap = self._nodes.get(node)
+        return cap is None or cap.link_up
+
     def free_gpus(self, node: NodeId) -> tuple[int, ...]:
         return tuple(self._nodes[node].free)
 
@@ -134,26 +164,36 @@ class CapacityIndex:
 
     # --- placement ---------------------------------------------------------------------------
 
-    def _fits_in(self, fabric: FabricId, profile: Profile) -> list[NodeId]:
+    def _fits_in(
+        self, fabric: FabricId, profile: Profile, excluded: frozenset[NodeId]
+    ) -> list[NodeId]:
         """The tightest-fitting nodes of `fabric` for one replica, up to `profile.nodes` of them."""
         chosen: list[NodeId] = []
         buckets = self._buckets.get(fabric, {})
+        needs_link = profile.nodes > 1
         for free in range(profile.gpus_per_node, self._max_gpus.get(fabric, 0) + 1):
             for node in buckets.get(free, ()):
-                if EngineName(profile.engine) in self._nodes[node].info.engines:
+                cap = self._nodes[node]
+                if node in excluded or (needs_link and not cap.link_up):
+                    continue
+                if EngineName(profile.engine) in cap.info.engines:
                     chosen.append(node)
                     if len(chosen) == profile.nodes:
                         return chosen
         return chosen
 
     def place(
-        self, profile: Profile, replicas_per_fabric: dict[FabricId, int]
+        self,
+        profile: Profile,
+        replicas_per_fabric: dict[FabricId, int],
+        excluded: frozenset[NodeId] = frozenset(),
     ) -> Placement | Unplaceable:
-        """Choose a fabric and nodes for one replica of `profile`; books nothing."""
+        """Choose a fabric and nodes for one replica of `profile`, on none of `excluded` (and,
+        for a multi-node replica, on no node whose fabric link is down); books nothing."""
         best: tuple[tuple[int, int, str], FabricId, list[NodeId]] | None = None
         shortfall: list[str] = []
         for fabric in sorted(self._buckets):
-            nodes = self._fits_in(fabric, profile)
+            nodes = self._fits_in(fabric, profile, excluded)
             if len(nodes) < profile.nodes:
                 shortfall.append(f"{fabric} has {len(nodes)}")
                 continue

@@ -15,6 +15,7 @@ from llmgw_twin.core.model import (
     NodeId,
     NodeInfo,
     Profile,
+    ProfileName,
     ShardKey,
     ShardReport,
     ShardSpec,
@@ -34,6 +35,7 @@ class NodeRegistered:
     shards: tuple[ShardReport, ...] = ()
     incarnation: int = 0
     failed_gpus: tuple[int, ...] = ()
+    fabric_up: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class Heartbeat:
     node: NodeId
     shards: tuple[ShardReport, ...] = ()
     failed_gpus: tuple[int, ...] = ()
+    fabric_up: bool = True
+    """The node's fabric links (InfiniBand ports) are up: it can hold a multi-node shard."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +62,26 @@ class ApplyDeployment:
     deployment: Deployment
 
 
-ControllerEvent = NodeRegistered | Heartbeat | ApplyProfile | ApplyDeployment
+@dataclass(frozen=True, slots=True)
+class ClearFailedGpu:
+    """The operator says a failed GPU was repaired or replaced: it may be placed on again (unless
+    the node's inventory still reports it failed)."""
+
+    node: NodeId
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearQuarantine:
+    """The operator lifts a node's quarantine, for one profile or (None) for every profile."""
+
+    node: NodeId
+    profile: ProfileName | None = None
+
+
+ControllerEvent = (
+    NodeRegistered | Heartbeat | ApplyProfile | ApplyDeployment | ClearFailedGpu | ClearQuarantine
+)
 
 # --- out of the controller -------------------------------------------------------------------
 
@@ -134,6 +157,21 @@ class EngineServing:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineUnresponsive:
+    """The leader's health probe got no answer in time (its process is still alive); a later
+    `EngineServing` says it answers again."""
+
+    key: ShardKey
+
+
+@dataclass(frozen=True, slots=True)
+class FabricLink:
+    """The node's fabric links (InfiniBand port state) went down or came back up."""
+
+    up: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EngineExited:
     key: ShardKey
     exit_code: int
@@ -169,9 +207,11 @@ AgentEvent = (
     | EngineStarted
     | EngineJoined
     | EngineServing
+    | EngineUnresponsive
     | EngineExited
     | ShardStopped
     | GpuFailed
+    | FabricLink
     | HeartbeatDue
     | ReportRequested
 )

@@ -54,6 +54,14 @@ class ReplicaRecord:
     """rank -> the latest report from the node that rank was placed on."""
     unplaceable_reason: str | None = None
     endpoint: str | None = None
+    not_before_ms: int = 0
+    """A replacement in back-off is not placed before this time."""
+    unroutable: frozenset[NodeId] = frozenset()
+    """Suspect nodes this ready replica has a shard on: while any, it is out of routing."""
+    degraded_since_ms: int = 0
+
+    def is_degraded(self) -> bool:
+        return self.state is ReplicaState.DEGRADED
 
     def move(self, new: ReplicaState) -> None:
         """Change state along the replica table; an illegal move raises."""
@@ -87,6 +95,8 @@ class ReplicaTable:
         self.records: dict[ReplicaId, ReplicaRecord] = {}
         self.by_model: dict[ModelName, dict[ReplicaId, None]] = {}  # live, creation order
         self.pending: dict[ReplicaId, None] = {}  # creation order
+        self.unready: dict[ReplicaId, None] = {}
+        """Placed (or adopted) replicas not yet ready, each with a start deadline."""
         self.adopting: set[ReplicaId] = set()
         self.seqs: dict[ModelName, int] = {}
         self._per_fabric: dict[ModelName, dict[FabricId, int]] = {}
@@ -147,6 +157,7 @@ class ReplicaTable:
         if rec.fabric is not None and rec.placed:
             self._count(rec.model, rec.fabric, -1)
         self.adopting.discard(rec.id)
+        self.unready.pop(rec.id, None)
         self.dirty.discard(rec.id)
         self.pending.pop(rec.id, None)
         self.by_model.get(rec.model, {}).pop(rec.id, None)

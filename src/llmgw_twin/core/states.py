@@ -31,7 +31,8 @@ REPLICA: Mapping[ReplicaState, frozenset[ReplicaState]] = {
     R.ADOPTING: frozenset({R.STARTING, R.READY, R.FAILED, R.REAPED}),
     R.PLACED: frozenset({R.STARTING, R.FAILED, R.REAPED}),
     R.STARTING: frozenset({R.READY, R.FAILED, R.REAPED}),
-    R.READY: frozenset({R.FAILED, R.REAPED}),
+    R.READY: frozenset({R.DEGRADED, R.FAILED, R.REAPED}),
+    R.DEGRADED: frozenset({R.READY, R.FAILED, R.REAPED}),
     R.FAILED: frozenset({R.REAPED}),
     R.REAPED: frozenset(),
 }
@@ -50,6 +51,7 @@ class Phase(enum.Enum):
     ENGINE = "engine"  # engine process started
     RUNNING = "running"  # a worker that joined its leader
     SERVING = "serving"  # the leader, answering on its endpoint
+    UNRESPONSIVE = "unresponsive"  # the leader, alive but failing its health probe
     EXITED = "exited"  # the engine process ended
 
 
@@ -60,7 +62,8 @@ SHARD_PHASE: Mapping[Phase, frozenset[Phase]] = {
     P.LAUNCHING: frozenset({P.ENGINE, P.EXITED}),
     P.ENGINE: frozenset({P.RUNNING, P.SERVING, P.EXITED}),
     P.RUNNING: frozenset({P.SERVING, P.EXITED}),
-    P.SERVING: frozenset({P.EXITED}),
+    P.SERVING: frozenset({P.UNRESPONSIVE, P.EXITED}),
+    P.UNRESPONSIVE: frozenset({P.SERVING, P.EXITED}),
     P.EXITED: frozenset(),
 }
 """A shard on its node. A waiting shard has no process, so nothing of it can exit: a late exit

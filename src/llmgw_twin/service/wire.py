@@ -165,6 +165,7 @@ class NodeRegisteredW(Wire):
     incarnation: Annotated[int, Strict()]
     agent_url: Url
     failed_gpus: list[Count] = []
+    fabric_up: Annotated[bool, Strict()] = True
 
     def to_core(self) -> p.NodeRegistered:
         failed = sorted(set(self.failed_gpus))
@@ -179,6 +180,7 @@ class HeartbeatW(Mirror[p.Heartbeat]):
     node: Name
     shards: list[ShardReportW] = []
     failed_gpus: list[Count] = []
+    fabric_up: Annotated[bool, Strict()] = True
 
     def to_core(self) -> p.Heartbeat:
         return self._to(p.Heartbeat, failed_gpus=sorted(set(self.failed_gpus)))
@@ -208,6 +210,7 @@ class ProfileW(Wire):
     gpus_per_node: Positive
     model: Text
     load_time_ms: Count = 0
+    start_timeout_ms: Count = 0
     args: list[Arg] = []
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmgw_twin.core.model import (
+    CONTROL_EVENT_KINDS,
     Deployment,
     FabricId,
     ModelName,
@@ -102,22 +103,8 @@ class Fault:
 
 # --- expectations ----------------------------------------------------------------------------
 
-EVENT_KINDS: tuple[str, ...] = (
-    "fault.injected",
-    "node.joined",
-    "node.suspect",
-    "node.lost",
-    "node.recovered",
-    "replica.placed",
-    "shard.started",
-    "shard.serving",
-    "replica.ready",
-    "replica.failed",
-    "replica.reaped",
-    "replica.unplaceable",
-    "replica.adopted",
-    "controller.started",
-)
+EVENT_KINDS: tuple[str, ...] = ("fault.injected", *CONTROL_EVENT_KINDS)
+"""Every kind a trace may hold: the world's faults and the control plane's events."""
 
 EVENT_SUBJECTS: tuple[str, ...] = (
     "node",
@@ -136,6 +123,13 @@ EVENT_SUBJECTS: tuple[str, ...] = (
     "ready",
     "down_for_ms",
     "gpu",
+    "endpoint",
+    "profile",
+    "until_ms",
+    "delay_ms",
+    "silent",
+    "fleet",
+    "heard",
 )
 """Subject fields an event may carry, and so the filters an event expectation may use."""
 
