@@ -14,8 +14,8 @@ from llmgw_twin.core.durable import DurableState
 from llmgw_twin.core.model import (
     Deployment,
     NodeId,
-    ReplicaId,
     NodeState,
+    ReplicaId,
     ReplicaState,
     ShardReport,
     ShardSpec,
