@@ -22,17 +22,26 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from llmgw_twin import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
-# command words -> module with `add_arguments(parser)` and `main(args) -> int`
+# command words -> module (or `module:Class`) with `add_arguments(parser)` and `main(args) -> int`
 LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("sim-engine",): ("llmgw_twin.programs.sim_server", "run the sim engine (one shard)"),
     ("ctl", "engine-check"): (
         "llmgw_twin.programs.engine_check",
         "check every flag the project can emit against an engine's --help",
+    ),
+    ("ctl", "clear-gpu"): (
+        "llmgw_twin.service.ctl:ClearGpu",
+        "clear a GPU the controller holds failed (it was repaired or replaced)",
+    ),
+    ("ctl", "clear-quarantine"): (
+        "llmgw_twin.service.ctl:ClearQuarantine",
+        "lift a node's quarantine (for one profile, or all)",
     ),
     ("controller",): ("llmgw_twin.service.controller_main", "run the controller service"),
     ("agent",): ("llmgw_twin.service.agent_main", "run a node agent"),
@@ -155,7 +164,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _lazy(words: tuple[str, ...], rest: Sequence[str]) -> int:
     module_name, text = LAZY_COMMANDS[words]
-    module = importlib.import_module(module_name)
+    module_name, _, attr = module_name.partition(":")
+    module: Any = importlib.import_module(module_name)
+    if attr:
+        module = getattr(module, attr)
     parser = argparse.ArgumentParser(prog="llmgw-twin " + " ".join(words), description=text)
     add_arguments: Callable[[argparse.ArgumentParser], None] = module.add_arguments
     run: Callable[[argparse.Namespace], int] = module.main

@@ -1,9 +1,10 @@
 """Which ready replica serves a request.
 
 The router keeps its own table of routable replicas per model, fed by the controller's event
-stream alone (`replica.ready`, and `replica.adopted` of a serving replica, add one with the
-leader endpoint the event carries; `replica.failed` and `replica.reaped` remove it), the way a
-router process beside the controller would follow it. It picks round-robin
+stream alone, the way a router process beside the controller would follow it: an event of
+`JOINS` with a leader `endpoint` adds the replica (`replica.ready`, `replica.adopted` of a
+serving replica, `replica.recovered` and `replica.routable`); one of `LEAVES` removes it
+(`replica.failed`, `replica.reaped`, `replica.degraded`, `replica.unroutable`). It picks round-robin
 over the table in replica-id order, so the choice is deterministic.
 """
 
@@ -13,6 +14,9 @@ import bisect
 from dataclasses import dataclass
 
 from llmgw_twin.core.model import ModelName, ReplicaId, TraceEvent
+
+JOINS = frozenset({"replica.ready", "replica.adopted", "replica.recovered", "replica.routable"})
+LEAVES = frozenset({"replica.failed", "replica.reaped", "replica.degraded", "replica.unroutable"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +40,11 @@ class Router:
         routes = self._table.setdefault(ModelName(model), {})
         order = self._order.setdefault(ModelName(model), [])
         rid = ReplicaId(replica)
-        if event.kind in ("replica.ready", "replica.adopted") and isinstance(endpoint, str):
+        if event.kind in JOINS and isinstance(endpoint, str):
             if rid not in routes:
                 bisect.insort(order, rid)
             routes[rid] = endpoint
-        elif event.kind in ("replica.failed", "replica.reaped") and rid in routes:
+        elif event.kind in LEAVES and rid in routes:
             del routes[rid]
             del order[bisect.bisect_left(order, rid)]
 

@@ -44,6 +44,7 @@ from llmgw_twin.core.model import NodeInfo
 from llmgw_twin.core.protocol import (
     AgentEvent,
     Assigned,
+    FabricLink,
     Heartbeat,
     HeartbeatDue,
     NodeRegistered,
@@ -155,7 +156,21 @@ class AgentRuntime:
         interval_s = self.settings.heartbeat_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
+            self._check_fabric()
             self._feed(HeartbeatDue())
+
+    def _check_fabric(self) -> None:
+        """Read the InfiniBand port state once per heartbeat: a node whose links went down
+        says so (the controller keeps multi-node shards off it until they are back)."""
+        from llmgw_twin.service.inventory import fabric_links_up
+
+        try:
+            up = fabric_links_up(self.settings.root)
+        except OSError as e:
+            log.warning("reading the fabric link state failed: %s", e)
+            return
+        if up is not None:
+            self._feed(FabricLink(up))
 
     # --- the core ----------------------------------------------------------------------------
 

@@ -35,11 +35,13 @@ from fastapi.responses import Response
 from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.durable import DurableState
-from llmgw_twin.core.model import NodeId, TraceEvent
+from llmgw_twin.core.model import NodeId, ProfileName, TraceEvent
 from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
+    ClearFailedGpu,
+    ClearQuarantine,
     ControllerCommand,
     ControllerEvent,
     RequestReport,
@@ -84,6 +86,9 @@ class ControllerRuntime:
     ) -> None:
         self.settings = settings
         self._t0_ns = time.monotonic_ns()
+        # the core's clock: wall-clock ms at start, then monotonic, so times the store keeps
+        # (silence, quarantines) mean the same to the next controller process
+        self._epoch0_ms = time.time_ns() // 1_000_000
         self._agent_transport = agent_transport
         self._engine_transport = engine_transport
         if settings.store != ":memory:":
@@ -106,7 +111,7 @@ class ControllerRuntime:
         self._engines: httpx.AsyncClient | None = None
 
     def now_ms(self) -> int:
-        return (time.monotonic_ns() - self._t0_ns) // 1_000_000
+        return self._epoch0_ms + (time.monotonic_ns() - self._t0_ns) // 1_000_000
 
     @property
     def core(self) -> Controller:
@@ -277,6 +282,21 @@ class ControllerRuntime:
         await self._handle(ApplyDeployment(body.to_core(model)))
         return {"model": model, **body.model_dump(mode="json")}
 
+    async def clear_failed_gpu(self, node: str, gpu: int) -> dict[str, Any]:
+        try:
+            await self._handle(ClearFailedGpu(NodeId(node), gpu))
+        except Refused as e:
+            raise Refused(str(e), 404) from None
+        return {"node": node, "gpu": gpu, "cleared": True}
+
+    async def clear_quarantine(self, node: str, profile: str | None) -> dict[str, Any]:
+        name = ProfileName(profile) if profile is not None else None
+        try:
+            await self._handle(ClearQuarantine(NodeId(node), name))
+        except Refused as e:
+            raise Refused(str(e), 404) from None
+        return {"node": node, "profile": profile, "cleared": True}
+
     # --- views -------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
@@ -292,7 +312,7 @@ class ControllerRuntime:
             "dropped": max(self._events_dropped - after, 0),
             # the host's monotonic clock at t_ms 0: lets a harness on the same host put events
             # of successive controller processes on one time line
-            "origin_monotonic_ns": self._t0_ns,
+            "origin_monotonic_ns": self._t0_ns - self._epoch0_ms * 1_000_000,
         }
 
     def models(self) -> dict[str, Any]:
@@ -330,6 +350,19 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     @app.put("/v1/admin/deployments/{model}")
     async def put_deployment(model: PathName, body: DeploymentW) -> dict[str, Any]:
         return await runtime.put_deployment(model, body)
+
+    @app.delete("/v1/admin/nodes/{node}/failed-gpus/{gpu}")
+    async def clear_failed_gpu(
+        node: PathName, gpu: Annotated[int, Path(ge=0, le=4096)]
+    ) -> dict[str, Any]:
+        return await runtime.clear_failed_gpu(node, gpu)
+
+    @app.delete("/v1/admin/nodes/{node}/quarantine")
+    async def clear_quarantine(
+        node: PathName,
+        profile: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
+    ) -> dict[str, Any]:
+        return await runtime.clear_quarantine(node, profile)
 
     @app.get("/v1/admin/state")
     async def state() -> dict[str, Any]:

@@ -130,6 +130,16 @@ def read_inventory(
     return Inventory(tuple(gpus), tuple(ports), chosen, source, tuple(reader.warnings))
 
 
+def fabric_links_up(root: Path) -> bool | None:
+    """Whether the node can reach its fabric now: some InfiniBand port is ACTIVE. None when the
+    node has no InfiniBand port at all (nothing to judge: a single-node machine, a test root)."""
+    reader = _Reader(root)
+    ports = [p for p in _ib_ports(reader) if p.link_layer in ("InfiniBand", "Unknown")]
+    if not ports:
+        return None
+    return any(p.state == "ACTIVE" for p in ports)
+
+
 def to_node_info(
     inv: Inventory, node: str, gpu_memory_mib_default: int, engines: Iterable[str]
 ) -> NodeInfo:

@@ -3,8 +3,10 @@
 Role: carries out the agent core's `StartSidecar`, `StartEngine` and `StopShard` with real
 processes (`processes.spawn`), and feeds back what it observes as core events: `SidecarUp` once
 the sidecar answers `GET /health`; `EngineStarted` with the argv run; `EngineServing` /
-`EngineJoined` by the readiness rule in `agent_app`; `EngineExited` with the process's code, or
-with one of `launcher`'s codes when the engine never ran.
+`EngineJoined` by the readiness rule in `agent_app`; after that, a serving leader's health is
+probed every `PROBE_INTERVAL_S` (`EngineUnresponsive` after `PROBE_FAILURES` misses,
+`EngineServing` again on an answer); `EngineExited` with the process's code, or with one of
+`launcher`'s codes when the engine never ran.
 
 Invariants:
 - An engine is started only by `start_engine`, which the core asks for only after `SidecarUp`;
@@ -38,6 +40,7 @@ from llmgw_twin.core.protocol import (
     EngineJoined,
     EngineServing,
     EngineStarted,
+    EngineUnresponsive,
     ShardStopped,
     SidecarUp,
 )
@@ -63,6 +66,12 @@ POLL_S = 0.05
 """Sidecar start polling."""
 WATCH_S = 0.1
 """Engine exit and readiness polling."""
+PROBE_INTERVAL_S = 5.0
+"""How often a serving leader's health is probed (through its sidecar) after it became ready:
+readiness is judged both ways, not once."""
+PROBE_FAILURES = 2
+"""Consecutive failed probes (each bounded by the client's 2 s timeout) that make a leader
+`unresponsive`; one answer makes it `serving` again."""
 HISTORY_KEPT = 1000
 
 
@@ -289,6 +298,9 @@ class ShardRunner:
         spec, settings = procs.spec, self.settings
         started = time.monotonic()
         ready = False
+        leader_probed = spec.rank == 0 and not procs.probe.by_process
+        next_probe = 0.0
+        failures = 0
         while True:
             code = peek_exit(procs.engine)
             if code is not None:
@@ -309,10 +321,23 @@ class ShardRunner:
                 if ready:
                     self._note("engine-ready", spec, procs.engine.pid)
                     self._feed(self._ready_event(procs))
+                    next_probe = time.monotonic() + PROBE_INTERVAL_S
                 elif elapsed_ms >= settings.ready_timeout_ms:
                     message = f"engine not ready within {settings.ready_timeout_ms} ms"
                     await self._fail(procs, message, EXIT_NOT_READY)
                     return
+            elif leader_probed and time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + PROBE_INTERVAL_S
+                if await self._engine_up(procs):
+                    if failures >= PROBE_FAILURES:
+                        self._note("engine-answers", spec, procs.engine.pid)
+                        self._feed(self._ready_event(procs))
+                    failures = 0
+                else:
+                    failures += 1
+                    if failures == PROBE_FAILURES:
+                        self._note("engine-unresponsive", spec, procs.engine.pid)
+                        self._feed(EngineUnresponsive(spec.key))
             await asyncio.sleep(WATCH_S)
 
     def _ready_event(self, procs: ShardProcs) -> AgentEvent:

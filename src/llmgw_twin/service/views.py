@@ -52,6 +52,8 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
                 "agent_url": agent_urls.get(node),
                 "gpus": gpus,
                 "gpu_count": info.gpus,
+                "failed_gpus": list(core.failed_gpus(node)),
+                "fabric_link_up": core.link_up(node),
             }
         )
         fabrics.setdefault(info.fabric, []).append(node)
@@ -78,6 +80,7 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
                 "model": rec.model,
                 "profile": rec.profile.name,
                 "state": rec.state.value,
+                "routable": rec.state.value == "ready" and not rec.unroutable,
                 "fabric": rec.fabric,
                 "nodes": list(rec.nodes),
                 "endpoint": rec.endpoint,
@@ -86,6 +89,11 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
         )
     return {
         "t_ms": t_ms,
+        "mass_loss_hold": core.held(),
+        "quarantines": [
+            {"node": n, "profile": p, "until_ms": until, "reason": reason}
+            for n, p, until, reason in core.quarantines()
+        ],
         "nodes": nodes,
         "fabrics": [{"fabric": f, "nodes": fabrics[f]} for f in sorted(fabrics)],
         "replicas": replicas,
