@@ -95,10 +95,13 @@ def test_unwanted_shard_is_stopped_and_its_gpus_go_to_the_next_one_once_it_has_e
     agent.handle(SidecarUp(old.key))
     agent.handle(EngineStarted(old.key, ()))
     cmds = agent.handle(Assigned((new,))).commands
-    assert acts(cmds) == (StopShard(old.key),)  # GPU 1 is still the old engine's
+    (stop,) = acts(cmds)
+    assert stop == StopShard(old.key)  # GPU 1 is still the old engine's
+    assert isinstance(stop, StopShard)
     assert states(agent) == {("r2", 0): ShardState.PREPARING}
-    assert acts(agent.handle(ShardStopped(old.key)).commands) == (StartSidecar(new),)
-    assert acts(agent.handle(ShardStopped(old.key)).commands) == ()  # a repeat changes nothing
+    done = ShardStopped(old.key, stop.token)
+    assert acts(agent.handle(done).commands) == (StartSidecar(new),)
+    assert acts(agent.handle(done).commands) == ()  # a repeat changes nothing
 
 
 def test_a_shard_on_other_gpus_starts_while_another_stops() -> None:
@@ -118,7 +121,30 @@ def test_a_shard_waits_while_its_gpus_are_held_by_another_wanted_shard() -> None
     agent.handle(SidecarUp(a.key))
     agent.handle(EngineStarted(a.key, ()))
     cmds = agent.handle(EngineExited(a.key, 1)).commands
-    assert StartSidecar(b) in cmds  # the GPU is free once a's engine is gone
+    # the leader exited, but its process group may still hold GPU memory: b waits until the
+    # controller drops a and a's processes are stopped
+    assert acts(cmds) == ()
+    (stop,) = acts(agent.handle(Assigned((b,))).commands)
+    assert isinstance(stop, StopShard) and stop.key == a.key
+    assert acts(agent.handle(ShardStopped(a.key, stop.token)).commands) == (StartSidecar(b),)
+
+
+def test_a_late_stopped_notice_frees_nothing_of_a_newer_stop_of_the_same_key() -> None:
+    agent = AgentCore(INFO)
+    a = spec("r1", gpus=(0,))
+    a2 = spec("r1", gpus=(1,))  # the same key placed again on another GPU
+    b = spec("r2", gpus=(1,))
+    agent.handle(Assigned((a,)))
+    agent.handle(SidecarUp(a.key))
+    (first,) = acts(agent.handle(Assigned((a2,))).commands)[:1]  # stop a, start a2 on GPU 1
+    assert isinstance(first, StopShard)
+    agent.handle(SidecarUp(a2.key))
+    (second,) = acts(agent.handle(Assigned((b,))).commands)  # stop a2; b waits for GPU 1
+    assert isinstance(second, StopShard) and second.token != first.token
+    # the first stop's notice arrives: GPU 0 is free, GPU 1 (a2's) is not, b keeps waiting
+    assert acts(agent.handle(ShardStopped(a.key, first.token)).commands) == ()
+    assert acts(agent.handle(ShardStopped(a.key, 0)).commands) == ()  # a stop nobody asked for
+    assert acts(agent.handle(ShardStopped(a.key, second.token)).commands) == (StartSidecar(b),)
 
 
 def test_exit_is_reported_until_the_controller_drops_the_shard() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,26 +21,39 @@ from llmgw_twin.twin.loader import load_scenario, load_scenario_text
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def our_processes() -> set[int]:
-    """Pids of live processes running this project's code (controller, agents, engines...)."""
+@pytest.fixture
+def own_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The run's temporary folder, and so every process it starts, tied to this test: another
+    run of the project on the same machine is never counted as ours."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def our_processes(marker: Path) -> set[int]:
+    """Pids of live processes of this test's run: its folder in their command line, working
+    directory or environment (every process the run starts inherits its TMPDIR)."""
     found = set()
+    mark = str(marker).encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            cmdline = (entry / "cmdline").read_bytes()
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(entry / "cwd").encode()
+            environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if state != "Z" and (b"llmgw_twin" in cmdline or b"llama-server" in cmdline):
+        if state != "Z" and (mark in cmdline or cwd.startswith(mark) or mark in environ):
             found.add(int(entry.name))
     return found
 
 
 def test_run_real_node_loss_passes_leaves_nothing_running_and_compares_with_the_twin(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], own_tmp: Path
 ) -> None:
-    before = our_processes()
+    before = our_processes(own_tmp)
     path = str(ROOT / "scenarios" / "node-loss.yaml")
     code = main(["run", "--real", "--time-scale", "0.1", "--compare", "--json", path])
     report = json.loads(capsys.readouterr().out)
@@ -47,7 +61,7 @@ def test_run_real_node_loss_passes_leaves_nothing_running_and_compares_with_the_
     failures += [v for i in report["invariants"] for v in i["violations"]]
     assert code == 0 and report["passed"], "\n".join(failures)
     assert report["left_running"] == []
-    assert our_processes() - before == set()
+    assert our_processes(own_tmp) - before == set()
     lost = [e for e in report["events"] if e["kind"] == "node.lost"]
     assert [e["node"] for e in lost] == ["node02"]
     assert report["answered"].get("llama-70b", 0) > 0  # the router answered real requests
@@ -63,8 +77,8 @@ def test_run_real_node_loss_passes_leaves_nothing_running_and_compares_with_the_
     assert report["seed"] == 1 and len(report["trace_sha256"]) == 64
 
 
-def test_a_partition_is_a_real_network_cut() -> None:
-    before = our_processes()
+def test_a_partition_is_a_real_network_cut(own_tmp: Path) -> None:
+    before = our_processes(own_tmp)
     result = run_real(load_scenario(ROOT / "scenarios" / "partition.yaml"), time_scale=0.1)
     failures = [f"{o.text}: {o.message}" for o in result.expectations if not o.passed]
     failures += [f"{i.name}: {v}" for i in result.invariants for v in i.violations]
@@ -79,7 +93,7 @@ def test_a_partition_is_a_real_network_cut() -> None:
         "node.lost",
         "node.recovered",
     ]
-    assert our_processes() - before == set()
+    assert our_processes(own_tmp) - before == set()
 
 
 MIXED = """\
@@ -113,11 +127,13 @@ expect:
 @pytest.mark.skipif(
     "llamacpp" not in engine_binaries(), reason="llama-server is not installed: make llama-server"
 )
-def test_sim_replicas_and_a_real_llama_server_under_one_controller(tmp_path: Path) -> None:
+def test_sim_replicas_and_a_real_llama_server_under_one_controller(
+    tmp_path: Path, own_tmp: Path
+) -> None:
     gguf = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf)
     scenario = load_scenario_text(MIXED.format(gguf=gguf), str(tmp_path / "mixed.yaml"))
-    before = our_processes()
+    before = our_processes(own_tmp)
     result = run_real(scenario, time_scale=0.25)
     failures = [f"{o.text}: {o.message}" for o in result.expectations if not o.passed]
     failures += [f"{i.name}: {v}" for i in result.invariants for v in i.violations]
@@ -128,4 +144,4 @@ def test_sim_replicas_and_a_real_llama_server_under_one_controller(tmp_path: Pat
     assert started and "llama-server" in str(started[-1].get("argv"))
     assert result.answered.get("tiny", 0) > 0  # real inference, routed by the controller
     assert result.answered.get("sim", 0) > 0
-    assert our_processes() - before == set()
+    assert our_processes(own_tmp) - before == set()

@@ -20,6 +20,7 @@ from typing import TypeVar, assert_never
 from llmgw_twin import codec
 from llmgw_twin.core.durable import (
     DeleteFailedGpu,
+    DeleteNode,
     DeleteQuarantine,
     DeleteReplica,
     DeleteSilence,
@@ -139,6 +140,9 @@ class Store:
                             "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
                             (n.node, codec.dumps(n)),
                         )
+                    case DeleteNode(node=gone):
+                        for table in ("nodes", "failed_gpus", "silence", "quarantines"):
+                            db.execute(f"DELETE FROM {table} WHERE node = ?", (gone,))  # noqa: S608
                     case PutReplica(row=r):
                         db.execute(
                             "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",

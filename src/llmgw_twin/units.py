@@ -1,7 +1,11 @@
-"""Durations and sizes as scenario files write them, and durations as people read them.
+"""Durations, sizes and shares as files write them, durations as people read them, and the
+table of a settings dataclass's keys.
 
-Role: turn `1h30m`, `90s`, `1500ms` into integer milliseconds and `80GiB` into integer MiB, and
-format milliseconds back (`fmt_ms`) for timelines and error messages.
+Role: turn `1h30m`, `90s`, `1500ms` into integer milliseconds, `80GiB` into integer MiB and `50%`
+or `0.5` into a share, and format milliseconds back (`fmt_ms`) for timelines and error messages.
+`setting_keys(cls)` derives the keys a file writes for a frozen settings dataclass (the core's
+`Timings`) from its fields, so that the scenario loader and the controller's config file read the
+same keys, and a field added to the dataclass is a key in both at once.
 
 Invariants:
 - Every result is an exact `int`; no float is ever involved, so virtual time cannot drift.
@@ -9,12 +13,17 @@ Invariants:
   each unit at most once and in that order. The only unit-less duration accepted is `0`. Anything
   else raises `ValueError` whose message says what was wrong and what was expected.
 - `parse_duration(fmt_duration(ms)) == ms` for every `ms >= 0`.
+- A setting's key is its field's name without `_ms`; its kind follows from the name (`*_ms`: a
+  duration) or else the field's type (`int`: a count, `float`: a share).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any, Literal
 
 _DURATION_UNITS: tuple[tuple[str, int], ...] = (
     ("h", 3_600_000),
@@ -127,3 +136,95 @@ def fmt_duration(ms: int) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts)
+
+
+_SHARE = re.compile(r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(%?)")
+_SHARE_HINT = "expected e.g. 0.5 or 50%"
+
+
+def parse_share(text: str) -> float:
+    """`0.5` -> 0.5, `50%` -> 0.5, `12.5%` -> 0.125. Never negative; the range is the caller's."""
+    if text == "":
+        raise ValueError(f"empty share ({_SHARE_HINT})")
+    if text.startswith("-"):
+        raise ValueError(f"share '{text}' is negative ({_SHARE_HINT})")
+    match = _SHARE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"cannot read share '{text}' ({_SHARE_HINT})")
+    number, percent = match.groups()
+    value = Fraction(number) / (100 if percent else 1)
+    return float(value)
+
+
+# --- the keys of a settings dataclass --------------------------------------------------------
+
+SettingKind = Literal["duration", "count", "share"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SettingKey:
+    """One key of a settings file, and the dataclass field it sets."""
+
+    key: str
+    """As files write it: the field's name without `_ms`."""
+    attr: str
+    """The dataclass field."""
+    kind: SettingKind
+    default: int | float
+    minimum: int
+    """Durations and counts: 1 when the dataclass refuses 0 on its own, else 0."""
+
+
+def _kind(field: dataclasses.Field[Any]) -> SettingKind:
+    if field.name.endswith("_ms"):
+        return "duration"
+    type_name = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    if type_name == "int":
+        return "count"
+    if type_name == "float":
+        return "share"
+    raise TypeError(f"setting {field.name}: no file syntax for a field of type {type_name!r}")
+
+
+def setting_keys(cls: type[Any]) -> tuple[SettingKey, ...]:
+    """The file keys of the frozen settings dataclass `cls`, in field order. Every field must
+    have a default; one whose value 0 the dataclass refuses by itself (its `__post_init__`
+    raises `ValueError`, every other field at its default) has minimum 1."""
+    out: list[SettingKey] = []
+    for field in dataclasses.fields(cls):
+        if field.default is dataclasses.MISSING:
+            raise TypeError(f"setting {field.name} has no default")
+        kind = _kind(field)
+        try:
+            cls(**{field.name: 0})
+            minimum = 0
+        except ValueError:
+            minimum = 1
+        out.append(
+            SettingKey(field.name.removesuffix("_ms"), field.name, kind, field.default, minimum)
+        )
+    return tuple(out)
+
+
+def _word(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
+
+
+def settings_named(message: str, keys: Sequence[SettingKey]) -> list[SettingKey]:
+    """The settings a message (the dataclass's `ValueError`) names, by field or by key, in the
+    order the message names them."""
+    found: list[tuple[int, int, SettingKey]] = []
+    for i, k in enumerate(keys):
+        hits = [m.start() for n in (k.attr, k.key) if (m := _word(n).search(message))]
+        if hits:
+            found.append((min(hits), i, k))
+    return [k for _, _, k in sorted(found, key=lambda hit: (hit[0], hit[1]))]
+
+
+def in_file_terms(message: str, keys: Sequence[SettingKey]) -> str:
+    """`message` with every field name written as the file's key (`probe_interval_ms` ->
+    `probe_interval`)."""
+    for k in keys:
+        if k.attr != k.key:
+            message = _word(k.attr).sub(k.key, message)
+    return message

@@ -74,7 +74,9 @@ class LocalShard:
     exit_code: int | None = None
 
     def holds_gpus(self) -> bool:
-        return self.phase not in (Phase.WAITING, Phase.EXITED)
+        """Every phase but waiting: an exited shard's processes are stopped only when the
+        controller drops it, and until then its GPUs are not free."""
+        return self.phase is not Phase.WAITING
 
     def move(self, new: Phase) -> None:
         """Change phase along `states.SHARD_PHASE`; an illegal move raises."""
@@ -98,9 +100,10 @@ class AgentCore:
         self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
         self._failed_gpus: set[int] = set(failed_gpus)
         self._fabric_up = fabric_up
-        self._stopping: dict[ShardKey, ShardSpec] = {}
+        self._stopping: dict[tuple[ShardKey, int], ShardSpec] = {}
         """Shards told to stop whose processes may still hold their GPUs."""
         self._report: Heartbeat | None = None
+        self._stop_seq = 0
 
     def shards(self) -> list[LocalShard]:
         return [self._shards[k] for k in sorted(self._shards)]
@@ -153,9 +156,10 @@ class AgentCore:
                 if changed:
                     shard = self._shards[key]
                     shard.endpoint, shard.exit_code = None, code
-                    self._start_waiting(out)
-            case ShardStopped(key=key):
-                if self._stopping.pop(key, None) is not None:
+                    # its GPUs stay held: the leader exited, but its workers or children may
+                    # still hold GPU memory until the shard is stopped as a whole
+            case ShardStopped(key=key, token=token):
+                if self._stopping.pop((key, token), None) is not None:
                     before = len(out)
                     self._start_waiting(out)
                     changed = len(out) > before  # a waiting shard moved on
@@ -191,10 +195,10 @@ class AgentCore:
         for key in sorted(self._shards):
             if key not in want or want[key] != self._shards[key].spec:
                 shard = self._shards.pop(key)
-                if shard.holds_gpus():
-                    self._stopping[key] = shard.spec
                 if shard.phase is not Phase.WAITING:
-                    out.append(StopShard(key))
+                    self._stop_seq += 1
+                    self._stopping[(key, self._stop_seq)] = shard.spec
+                    out.append(StopShard(key, self._stop_seq))
                 changed = True
         for key in sorted(want):
             if key not in self._shards:

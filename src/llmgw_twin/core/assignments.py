@@ -36,6 +36,12 @@ class Assignments:
     def replicas_on(self, node: NodeId) -> list[ReplicaId]:
         return sorted({k.replica for k in self._by_node.get(node, {})})
 
+    def forget(self, node: NodeId) -> None:
+        self._by_node.pop(node, None)
+        self._last_report.pop(node, None)
+        self._out_of_sync.discard(node)
+        self.dirty.discard(node)
+
     def add(self, spec: ShardSpec) -> None:
         self._by_node[spec.node][spec.key] = spec
         self._last_report.pop(spec.node, None)

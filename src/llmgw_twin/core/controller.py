@@ -29,6 +29,7 @@ from typing import assert_never
 from llmgw_twin.core.assignments import Assignments
 from llmgw_twin.core.durable import (
     DeleteFailedGpu,
+    DeleteNode,
     DeleteQuarantine,
     DeleteSilence,
     DurableState,
@@ -273,6 +274,7 @@ class Controller:
             profile = self._profiles[row.profile]
             rec = ReplicaRecord(row.id, row.model, profile, row.seq, row.created_ms)
             rec.state, rec.fabric, rec.specs = ReplicaState.ADOPTING, row.fabric, row.specs
+            rec.layout_shards = row.shard_count
             self._replicas.add(rec)
             for spec in row.specs:
                 self._capacity.book(spec.node, spec.gpus)
@@ -288,6 +290,7 @@ class Controller:
         if not self._guard.held:
             for change in self._health.expire_lost(now_ms):
                 self._heard(change)
+        self._forget_long_lost(now_ms)
         for q in self._failures.expired(now_ms):
             self._out.write(DeleteQuarantine(q.node, q.profile))
             self._out.emit("node.unquarantined", node=q.node, profile=q.profile, reason="expired")
@@ -330,6 +333,8 @@ class Controller:
 
     def _register(self, info: NodeInfo, now_ms: int, incarnation: int) -> None:
         known = self._nodes.get(info.node)
+        if known is not None and known != info:
+            self._refit(known, info)
         if known != info:
             self._out.write(PutNode(info))
             self._nodes[info.node] = info
@@ -346,6 +351,42 @@ class Controller:
             self._out.emit("node.joined", node=info.node, fabric=info.fabric)
         self._hear(info.node, now_ms, announce=not joined)
         self._assignments.dirty.add(info.node)
+
+    def _forget_long_lost(self, now_ms: int) -> None:
+        """A node lost for `forget_lost_after` and holding nothing leaves every structure and
+        the store: a long-lived controller's memory follows the fleet, not its history."""
+        for node in self._health.lost_since(now_ms, self.timings.forget_lost_after_ms):
+            if self._assignments.keys(node):
+                continue
+            fabric = self._nodes[node].fabric
+            self._health.forget(node)
+            self._capacity.remove_node(node)
+            self._assignments.forget(node)
+            self._failures.forget_node(node)
+            self._nodes.pop(node, None)
+            self._incarnations.pop(node, None)
+            self._heard_nodes.discard(node)
+            self._silence_marked.discard(node)
+            self._out.write(DeleteNode(node))
+            self._out.emit("node.forgotten", node=node, fabric=fabric)
+
+    def _refit(self, known: NodeInfo, info: NodeInfo) -> None:
+        """A node registered again with other facts: a replica it no longer fits (another
+        fabric, GPUs it lost, an engine it no longer has) is failed before the node is
+        re-indexed, so no replica spans two fabrics or holds GPUs that are not there."""
+        for rid in self.replicas_on(info.node):
+            rec = self._replicas[rid]
+            mine = [s for s in rec.specs if s.node == info.node]
+            why = []
+            if rec.fabric is not None and info.fabric != rec.fabric:
+                why.append(f"now in fabric {info.fabric}")
+            if any(g >= info.gpus for s in mine for g in s.gpus):
+                why.append(f"now has {info.gpus} GPU(s)")
+            if rec.profile.engine not in info.engines:
+                why.append(f"no longer runs {rec.profile.engine}")
+            if why:
+                reason = f"node {info.node} registered again: {', '.join(why)}"
+                self._life.fail(rec, reason, info.node)
 
     def _gpus_failed(self, node: NodeId, gpus: tuple[int, ...]) -> None:
         """A failed GPU is never offered again, across restarts, until an operator clears it; a
@@ -461,8 +502,13 @@ class Controller:
             if rec is None or not rec.state.live or not rec.placed:
                 assignments.dirty.add(node)  # an orphan: the next assignment drops it
                 continue
-            if key.rank >= len(rec.specs) or rec.specs[key.rank] != report.spec:
-                assignments.dirty.add(node)  # not the shard this replica placed here
+            if (
+                report.spec.node != node
+                or key.rank >= len(rec.specs)
+                or not rec.specs[key.rank].same_shard(report.spec)
+            ):
+                # not the shard this replica placed here: a node speaks for itself only
+                assignments.dirty.add(node)
                 continue
             self._record_report(rec, key.rank, report)
         wanted = assignments.keys(node)
@@ -532,7 +578,7 @@ class Controller:
             return  # wait: an unheard node is declared lost after its silence, failing this
         adopting.discard(rec.id)
         missing = [s for s in rec.specs if s.rank not in rec.reports]
-        if missing or len(rec.specs) != rec.profile.nodes:
+        if missing or len(rec.specs) != rec.shard_count:
             where = ", ".join(f"{s.rank} on {s.node}" for s in missing)
             node = missing[0].node if missing else None
             self._life.fail(rec, f"short of shard {where} after restart", node)

@@ -72,6 +72,13 @@ class PutNode:
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteNode:
+    """Forget a node: its registry entry, failed GPUs, silence and quarantines."""
+
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
 class PutReplica:
     row: ReplicaRow
 
@@ -136,6 +143,7 @@ Write = (
     PutProfile
     | PutDeployment
     | PutNode
+    | DeleteNode
     | PutReplica
     | DeleteReplica
     | PutSeq
@@ -182,6 +190,11 @@ class DurableState:
                     deployments[d.model] = d
                 case PutNode(info=n):
                     nodes[n.node] = n
+                case DeleteNode(node=gone):
+                    nodes.pop(gone, None)
+                    failed = {(n, g) for n, g in failed if n != gone}
+                    silent.pop(gone, None)
+                    quarantines = {k: q for k, q in quarantines.items() if k[0] != gone}
                 case PutReplica(row=r):
                     replicas[r.id] = r
                 case DeleteReplica(replica=rid):

@@ -99,8 +99,12 @@ class FailureBook:
             return True
         return False
 
-    def forget_unheard(self, node: NodeId) -> None:
+    def forget_node(self, node: NodeId) -> None:
         self._unheard.pop(node, None)
+        for key in [k for k in self.quarantines if k[0] == node]:
+            del self.quarantines[key]
+        for key in [k for k in self._by_node if k[0] == node]:
+            del self._by_node[key]
 
     def unheard(self) -> list[NodeId]:
         return sorted(self._unheard)

@@ -123,6 +123,16 @@ class HealthTracker:
             deadlines.append(next(iter(self._suspect.values())) + self._lost_after)
         return min(deadlines) if deadlines else None
 
+    def lost_since(self, now_ms: int, silent_for_ms: int) -> list[NodeId]:
+        """Lost nodes last heard `silent_for_ms` or more ago, oldest first (from the front of
+        the lost book only, which is in the order nodes were lost)."""
+        out: list[NodeId] = []
+        for node, seen in self._lost.items():
+            if now_ms - seen < silent_for_ms:
+                break
+            out.append(node)
+        return out
+
     def forget(self, node: NodeId) -> None:
         self._alive.pop(node, None)
         self._suspect.pop(node, None)

@@ -29,6 +29,7 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "node.link_up",
     "node.quarantined",
     "node.unquarantined",
+    "node.forgotten",
     "gpu.failed",
     "gpu.cleared",
     "fleet.hold",
@@ -129,6 +130,9 @@ class Timings:
     unresponsive_grace_ms: int = 20_000
     """How long a leader may fail its probes (out of routing meanwhile) before its replica is
     failed and replaced."""
+    forget_lost_after_ms: int = 86_400_000
+    """A node lost this long (and holding nothing) is forgotten: a decommissioned node does not
+    stay in the registry forever. If it comes back, it joins as a new node."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -142,6 +146,7 @@ class Timings:
             "quarantine_after",
             "quarantine_for_ms",
             "probe_interval_ms",
+            "forget_lost_after_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -234,6 +239,19 @@ class ShardSpec:
     @property
     def key(self) -> ShardKey:
         return ShardKey(self.replica, self.rank)
+
+    def same_shard(self, other: ShardSpec) -> bool:
+        """The same shard: replica, rank and layout (nodes and GPUs) agree. Launch details
+        (ports, args, load time, fields added later) may differ: an agent that runs a shard
+        written by an older controller still runs this shard, and is not restarted for it."""
+        return (
+            self.replica == other.replica
+            and self.rank == other.rank
+            and self.shard_count == other.shard_count
+            and self.node == other.node
+            and self.gpus == other.gpus
+            and self.leader == other.leader
+        )
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -67,6 +67,11 @@ class CapacityIndex:
         self._buckets.setdefault(info.fabric, {})
         self._max_gpus[info.fabric] = max(self._max_gpus.get(info.fabric, 0), info.gpus)
 
+    def remove_node(self, node: NodeId) -> None:
+        cap = self._nodes.pop(node, None)
+        if cap is not None:
+            self._unindex(cap)
+
     def has_node(self, node: NodeId) -> bool:
         return node in self._nodes
 

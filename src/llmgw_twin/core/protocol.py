@@ -179,9 +179,11 @@ class EngineExited:
 
 @dataclass(frozen=True, slots=True)
 class ShardStopped:
-    """Every process of a stopped shard has ended: its GPUs are free."""
+    """Every process of a stopped shard has ended: its GPUs are free. `token`: the `StopShard`'s
+    (0 for a stop the agent core did not ask for, which frees nothing)."""
 
     key: ShardKey
+    token: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,9 +234,12 @@ class StartEngine:
 @dataclass(frozen=True, slots=True)
 class StopShard:
     """Stop the shard's engine and sidecar (both, whatever stage it reached); the shell answers
-    `ShardStopped` once every process of it has ended."""
+    `ShardStopped` with the same `token` once every process of it has ended. The token tells
+    one stop of a key from another (a key can be stopped, started and stopped again while the
+    first stop is still under way); it takes no part in equality."""
 
     key: ShardKey
+    token: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

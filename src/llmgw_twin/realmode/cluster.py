@@ -68,6 +68,9 @@ class NodeProcs:
     proc: subprocess.Popen[bytes] | None = None
     groups: set[int] = field(default_factory=set)
     """Every process group this node's agent was seen running (its own and its shards')."""
+    frozen: set[int] = field(default_factory=set)
+    """The groups of a powered-off node: stopped (SIGSTOP), sockets still open, until the node
+    boots again or the run ends."""
 
 
 class RealCluster:
@@ -174,6 +177,7 @@ class RealCluster:
 
     def start_agent(self, node: NodeId) -> None:
         n = self.nodes[node]
+        self._thaw_dead(n)
         n.proc = self._spawn(["agent", "--config", str(n.config)], f"agent-{node}.log")
         n.groups.add(n.proc.pid)
 
@@ -211,9 +215,27 @@ class RealCluster:
         return groups
 
     def kill_node(self, node: NodeId) -> None:
-        """Power off: SIGKILL the agent and every engine and sidecar it started. The agent is
-        frozen first (SIGSTOP), so it cannot start anything between the reading of its children
-        and the kill; its children are found in /proc by parent, not by asking it."""
+        """Power off: the agent and every engine and sidecar it started stop at once and say
+        nothing more, but, as with a machine that lost power, no socket of theirs is closed
+        (SIGSTOP, not SIGKILL): a peer engine on another node does not notice, and the node's
+        loss is found by the controller's heartbeat timeout, as in the twin. The agent is frozen
+        first, so it cannot start anything between the reading of its children and theirs;
+        its children are found in /proc by parent, not by asking it. The frozen groups are
+        killed when the node boots again or the run ends."""
+        n = self.nodes[node]
+        if n.proc is None:
+            return
+        _killpg(n.proc.pid, signal.SIGSTOP)
+        groups = {n.proc.pid, *children_groups(n.proc.pid)}
+        self.started_groups |= groups
+        for pgid in sorted(groups):
+            _killpg(pgid, signal.SIGSTOP)
+        n.frozen |= groups
+        n.proc = None
+
+    def crash_node(self, node: NodeId) -> None:
+        """Crash: every process of the node dies at once (SIGKILL), so the kernel closes their
+        sockets and a peer engine on another node sees its connection end."""
         n = self.nodes[node]
         if n.proc is None:
             return
@@ -225,6 +247,12 @@ class RealCluster:
         n.proc.wait(timeout=STOP_GRACE_S)
         n.proc = None
 
+    def _thaw_dead(self, n: NodeProcs) -> None:
+        """End a powered-off node's frozen processes for good (SIGKILL works on stopped ones)."""
+        for pgid in sorted(n.frozen):
+            _killpg(pgid, signal.SIGKILL)
+        n.frozen.clear()
+
     def kill_controller(self) -> None:
         if self.controller is not None:
             _killpg(self.controller.pid, signal.SIGKILL)
@@ -235,6 +263,7 @@ class RealCluster:
         """End everything this cluster started; returns the groups still alive after (none)."""
         for node in sorted(self.nodes):
             self.remember_groups(node)
+            self._thaw_dead(self.nodes[node])
         procs = [n.proc for n in self.nodes.values() if n.proc is not None]
         for proc in procs:  # agents first: they stop their shards on SIGTERM
             _killpg(proc.pid, signal.SIGTERM)

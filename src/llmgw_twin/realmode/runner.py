@@ -36,10 +36,12 @@ from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import (
+    CrashNode,
     EventExpectation,
     FabricDown,
     FailGpu,
     Fault,
+    HangEngine,
     KillEngine,
     KillNode,
     Partition,
@@ -55,7 +57,15 @@ from llmgw_twin.units import fmt_ms
 POLL_S = 0.1
 """How often the run reads the controller's event log and state (and probes the router)."""
 REGISTER_DEADLINE_S = 60.0
-SUPPORTED = (KillNode, RestartNode, Partition, KillEngine, RestartController, SetReplicas)
+SUPPORTED = (
+    KillNode,
+    CrashNode,
+    RestartNode,
+    Partition,
+    KillEngine,
+    RestartController,
+    SetReplicas,
+)
 
 
 @dataclass
@@ -194,6 +204,8 @@ class RealRun:
         match fault.action:
             case KillNode(node=node):
                 await asyncio.to_thread(cluster.kill_node, node)
+            case CrashNode(node=node):
+                await asyncio.to_thread(cluster.crash_node, node)
             case RestartNode(node=node):
                 if cluster.nodes[node].proc is not None:
                     await asyncio.to_thread(cluster.kill_node, node)
@@ -220,7 +232,7 @@ class RealRun:
                 task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            case FailGpu() | FabricDown():
+            case FailGpu() | FabricDown() | HangEngine():
                 raise AssertionError(f"real mode refuses {type(fault.action).__name__} up front")
             case _:
                 assert_never(fault.action)
@@ -332,11 +344,22 @@ class RealRun:
         )
 
 
+REFUSED: dict[type, str] = {
+    FailGpu: "real mode has no GPU to fail",
+    FabricDown: "real mode has no fabric link to cut",
+    HangEngine: "real mode cannot yet make an engine hang with its port open",
+}
+"""Why each fault the twin models is refused up front here."""
+
+
 def check_real_supported(scenario: Scenario) -> None:
     for fault in scenario.faults:
         if not isinstance(fault.action, SUPPORTED):
+            action = fault_subjects(fault)["action"]
+            why = REFUSED.get(type(fault.action))
             raise ValueError(
-                f"{scenario.path}:{fault.line}: this fault is not supported in real mode yet"
+                f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
+                f"mode yet" + (f": {why}" if why else "")
             )
 
 

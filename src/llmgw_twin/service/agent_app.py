@@ -184,8 +184,8 @@ class AgentRuntime:
                     self.shards.start_sidecar(spec)
                 case StartEngine(spec=spec):
                     self.shards.start_engine(spec)
-                case StopShard(key=key):
-                    self.shards.stop(key)
+                case StopShard(key=key, token=token):
+                    self.shards.stop(key, token)
                 case SendReport(report=report):
                     self._enqueue(report)
                 case _:

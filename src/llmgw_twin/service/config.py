@@ -14,9 +14,9 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, assert_never
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
@@ -32,7 +32,14 @@ from llmgw_twin.service.wire import (
     Url,
     describe_errors,
 )
-from llmgw_twin.units import parse_duration, parse_size_mib
+from llmgw_twin.units import (
+    SettingKey,
+    in_file_terms,
+    parse_duration,
+    parse_share,
+    parse_size_mib,
+    setting_keys,
+)
 
 Duration = Annotated[str, Strict()]
 Host = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
@@ -51,11 +58,8 @@ class ListenC(_Strict):
     port: Port
 
 
-class TimingsC(_Strict):
-    heartbeat_interval: Duration | None = None
-    node_suspect_after: Duration | None = None
-    node_lost_after: Duration | None = None
-    reconcile_interval: Duration | None = None
+TIMING_KEYS: tuple[SettingKey, ...] = setting_keys(Timings)
+"""Every `Timings` field by its name without `_ms`: the same table a scenario's loader reads."""
 
 
 class ProfileC(_Strict):
@@ -64,6 +68,7 @@ class ProfileC(_Strict):
     gpus_per_node: Positive
     model: Text
     load_time: Duration = "0"
+    start_timeout: Duration | None = None
     args: list[Annotated[str, Strict()]] = []
 
 
@@ -76,7 +81,8 @@ class DeploymentC(_Strict):
 class ControllerFile(_Strict):
     listen: ListenC
     store: Text
-    timings: TimingsC = TimingsC()
+    timings: dict[Annotated[str, Strict()], Any] = {}
+    """Checked against `TIMING_KEYS` by `_timings`, so that the keys follow `Timings`."""
     profiles: dict[Name, ProfileC] = {}
     deployments: list[DeploymentC] = []
 
@@ -197,25 +203,51 @@ def _relative(path: Path, value: str) -> Path:
     return p if p.is_absolute() else path.parent / p
 
 
-def _timings(path: Path, t: TimingsC) -> Timings:
-    """As a scenario's `timings`: omitted keys take the defaults; suspicion, unless set, comes
-    halfway to the loss deadline."""
+def _timings(path: Path, raw: dict[str, Any]) -> Timings:
+    """As a scenario's `timings`: the same keys (every `Timings` field without `_ms`), omitted
+    keys take the defaults; suspicion, unless set, comes halfway to the loss deadline."""
+    by_key = {k.key: k for k in TIMING_KEYS}
+    values: dict[str, Any] = {}  # field -> value, each of its key's kind
+    for name, value in raw.items():
+        key = by_key.get(name)
+        if key is None:
+            raise ConfigError(
+                f"{path}: timings: unknown key {name!r} (expected one of: {', '.join(by_key)})"
+            )
+        if value is not None:
+            values[key.attr] = _setting(path, f"timings.{name}", key, value)
     defaults = Timings()
-
-    def get(key: str, default: int) -> int:
-        value = getattr(t, key)
-        return default if value is None else _duration(path, f"timings.{key}", value, positive=True)
-
-    lost = get("node_lost_after", defaults.node_lost_after_ms)
+    lost = int(values.setdefault("node_lost_after_ms", defaults.node_lost_after_ms))
+    values.setdefault("node_suspect_after_ms", max(1, lost // 2))
     try:
-        return Timings(
-            heartbeat_interval_ms=get("heartbeat_interval", defaults.heartbeat_interval_ms),
-            node_suspect_after_ms=get("node_suspect_after", max(1, lost // 2)),
-            node_lost_after_ms=lost,
-            reconcile_interval_ms=get("reconcile_interval", defaults.reconcile_interval_ms),
-        )
+        return replace(defaults, **values)
     except ValueError as e:
-        raise ConfigError(f"{path}: timings: {e}") from None
+        raise ConfigError(f"{path}: timings: {in_file_terms(str(e), TIMING_KEYS)}") from None
+
+
+def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | float:
+    """One `timings` value, of the kind its key says; YAML may have read it as a number."""
+    plain_number = isinstance(value, int | float) and not isinstance(value, bool)
+    match key.kind:
+        case "duration":
+            if isinstance(value, str) or (isinstance(value, int) and plain_number):
+                return _duration(path, where, str(value), positive=key.minimum > 0)
+            raise ConfigError(f"{path}: {where}: expected a duration such as 10s, got {value!r}")
+        case "count":
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{path}: {where}: expected a whole number, got {value!r}")
+            if value < key.minimum:
+                raise ConfigError(f"{path}: {where}: must be at least {key.minimum}, got {value}")
+            return value
+        case "share":
+            if not (isinstance(value, str) or plain_number):
+                raise ConfigError(f"{path}: {where}: expected a share such as 0.5 or 50%")
+            try:
+                return parse_share(str(value))
+            except ValueError as e:
+                raise ConfigError(f"{path}: {where}: {e}") from None
+        case _:
+            assert_never(key.kind)
 
 
 def load_controller_config(path: str | Path) -> ControllerSettings:
@@ -238,7 +270,13 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
             )
         except ValidationError as e:
             raise ConfigError(f"{path}: profiles.{name}: {describe_errors(e.errors())}") from None
-        profiles.append(body.to_core(name))
+        profile = body.to_core(name)
+        if pc.start_timeout is not None:
+            timeout_ms = _duration(
+                path, f"profiles.{name}.start_timeout", pc.start_timeout, positive=True
+            )
+            profile = replace(profile, start_timeout_ms=timeout_ms)
+        profiles.append(profile)
     deployments: list[Deployment] = []
     for i, dc in enumerate(f.deployments):
         if dc.profile not in f.profiles:

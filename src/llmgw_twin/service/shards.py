@@ -170,14 +170,15 @@ class ShardRunner:
         loop.call_soon(self._feed, EngineStarted(spec.key, argv))
         procs.task = loop.create_task(self._watch(procs))
 
-    def stop(self, key: ShardKey) -> None:
+    def stop(self, key: ShardKey, token: int = 0) -> None:
+        """Stop the shard's processes; `ShardStopped` with `token` follows once they ended."""
         procs = self._procs.pop(key, None)
         if procs is None:  # nothing of it runs: its GPUs are free now
-            asyncio.get_running_loop().call_soon(self._feed, ShardStopped(key))
+            asyncio.get_running_loop().call_soon(self._feed, ShardStopped(key, token))
             return
         if procs.task is not None:
             procs.task.cancel()
-        task = asyncio.get_running_loop().create_task(self._stop(procs))
+        task = asyncio.get_running_loop().create_task(self._stop(procs, token))
         self._stopping[task] = procs
         task.add_done_callback(lambda t: self._stopping.pop(t, None))
 
@@ -348,11 +349,12 @@ class ShardRunner:
             return EngineServing(spec.key, endpoint)
         return EngineJoined(spec.key)
 
-    async def _stop(self, procs: ShardProcs) -> None:
+    async def _stop(self, procs: ShardProcs, token: int) -> None:
         grace_s = self.settings.stop_grace_ms / 1000
         stops = [stop_group(p, grace_s) for p in (procs.engine, procs.sidecar) if p is not None]
         codes = await asyncio.gather(*stops)
         self._note("stopped", procs.spec, None, f"exit codes {codes}")
         self._ports.release(procs.sidecar_port)
         self._ports.release(procs.http_port)
-        self._feed(ShardStopped(procs.spec.key))  # only now may another shard take its GPUs
+        # only now may another shard take its GPUs
+        self._feed(ShardStopped(procs.spec.key, token))

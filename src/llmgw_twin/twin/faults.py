@@ -1,9 +1,11 @@
 """The fault timeline: each fault fires at its instant, is recorded, and changes the world.
 
 Faults act on the world the way the real thing would, never on the controller's memory: a killed
-node just stops (its agent and engines vanish, no more heartbeats), a partition cuts links, an
-engine crash is an exit the agent sees, a controller restart kills the controller process (its
-store survives). `set_replicas` is the one operator action: it goes through the controller's
+node just stops (its agent and engines vanish, no more heartbeats), a crashed node stops too but
+its peers see their connections close, a partition cuts links, an engine crash is an exit the
+agent sees, a hung engine is one its agent's probe finds silent, a fabric outage is a link state
+the agents' inventories see, a controller restart kills the controller process (its store
+survives). `set_replicas` is the one operator action: it goes through the controller's
 admin entry point like an API call.
 """
 
@@ -16,9 +18,11 @@ from llmgw_twin.core.protocol import ApplyDeployment
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
+    CrashNode,
     FabricDown,
     FailGpu,
     Fault,
+    HangEngine,
     KillEngine,
     KillNode,
     Partition,
@@ -58,6 +62,8 @@ def schedule_faults(
         match fault.action:
             case KillNode(node=node):
                 world.nodes[node].kill()
+            case CrashNode(node=node):
+                world.nodes[node].crash()
             case RestartNode(node=node):
                 world.nodes[node].boot()
             case SetReplicas(model=model, replicas=replicas):
@@ -78,6 +84,7 @@ def schedule_faults(
                 downs[fabric] = downs.get(fabric, 0) + 1
                 world.network.cut_fabric(fabric)
                 for node in world.network.fabric_links(fabric):
+                    world.nodes[node].fabric_link(False)  # the inventory sees the ports go down
                     world.nodes[node].lose_peers()
                 world.later(for_ms, lambda: _restore(world, fabric, downs))
             case KillEngine(node=node, replica_of=model):
@@ -85,6 +92,12 @@ def schedule_faults(
                 for engine in sim_node.engines_sorted():
                     if engine.spec.model == model:
                         sim_node.kill_engine(engine.key, ENGINE_CRASH_EXIT_CODE)
+                        break
+            case HangEngine(node=node, replica_of=model):
+                sim_node = world.nodes[node]
+                for engine in sim_node.engines_sorted():
+                    if engine.spec.model == model and not engine.hung:
+                        sim_node.hang_engine(engine.key)
                         break
             case _:
                 assert_never(fault.action)
@@ -95,8 +108,10 @@ def schedule_faults(
 
 def _restore(world: World, fabric: FabricId, downs: dict[FabricId, int]) -> None:
     downs[fabric] -= 1
-    if downs[fabric] == 0:
+    if downs[fabric] == 0:  # overlapping outages: the links come back with the last
         world.network.restore_fabric(fabric)
+        for node in world.network.fabric_links(fabric):
+            world.nodes[node].fabric_link(True)
 
 
 def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> None:
@@ -108,14 +123,14 @@ def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> N
 
 def fault_subjects(fault: Fault) -> dict[str, object]:
     match fault.action:
-        case KillNode(node=node) | RestartNode(node=node):
+        case KillNode(node=node) | CrashNode(node=node) | RestartNode(node=node):
             return {"action": _action_name(fault), "node": node}
         case SetReplicas(model=model, replicas=replicas):
             return {"action": "set_replicas", "model": model, "replicas": replicas}
         case Partition(nodes=nodes):
             return {"action": "partition", "nodes": nodes}
-        case KillEngine(node=node, replica_of=model):
-            return {"action": "kill_engine", "node": node, "model": model}
+        case KillEngine(node=node, replica_of=model) | HangEngine(node=node, replica_of=model):
+            return {"action": _action_name(fault), "node": node, "model": model}
         case RestartController(down_for_ms=down_for_ms):
             return {"action": "restart_controller", "down_for_ms": down_for_ms}
         case FailGpu(node=node, gpu=gpu):

@@ -13,8 +13,9 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, assert_never
 
 from yaml.nodes import Node
 
@@ -34,7 +35,14 @@ from llmgw_twin.twin import yamlnodes as yn
 from llmgw_twin.twin.loader_expect import load_expectations
 from llmgw_twin.twin.loader_faults import Known, load_faults
 from llmgw_twin.twin.scenario import INVARIANTS, Fault, Scenario
-from llmgw_twin.units import fmt_ms
+from llmgw_twin.units import (
+    SettingKey,
+    fmt_ms,
+    in_file_terms,
+    parse_share,
+    setting_keys,
+    settings_named,
+)
 
 __all__ = ["ScenarioError", "load_scenario", "load_scenario_text"]
 
@@ -51,14 +59,18 @@ TOP_KEYS = (
     "expect",
     "invariants",
 )
-TIMING_FIELDS = {
-    "heartbeat_interval": "heartbeat_interval_ms",
-    "node_lost_after": "node_lost_after_ms",
-    "reconcile_interval": "reconcile_interval_ms",
-    "node_suspect_after": "node_suspect_after_ms",
-}
+TIMING_KEYS: tuple[SettingKey, ...] = setting_keys(Timings)
+"""Every `Timings` field, by its name without `_ms` (docs/scenarios.md lists them)."""
 NODE_KEYS = ("gpus", "gpu_memory", "engines")
-PROFILE_KEYS = ("engine", "nodes", "gpus_per_node", "model", "load_time", "args")
+PROFILE_KEYS = (
+    "engine",
+    "nodes",
+    "gpus_per_node",
+    "model",
+    "load_time",
+    "args",
+    "start_timeout",
+)
 DEPLOYMENT_KEYS = ("model", "profile", "replicas")
 
 DEFAULT_GPUS = 8
@@ -161,28 +173,47 @@ def _scenario(text: str, path: str) -> Scenario:
 
 def _timings(node: Node) -> Timings:
     view = yn.MapView(node, "timings")
-    view.check_keys(tuple(TIMING_FIELDS))
-    values: dict[str, int] = {}
-    for key, attr in TIMING_FIELDS.items():
-        value = view.get(key)
+    view.check_keys(tuple(k.key for k in TIMING_KEYS))
+    values: dict[str, Any] = {}  # field -> value, each of its key's kind
+    written: dict[str, Node] = {}
+    for k in TIMING_KEYS:
+        value = view.get(k.key)
         if value is not None:
-            values[attr] = yn.duration(value, f"timings.{key}", positive=True)
+            values[k.attr] = _setting(value, f"timings.{k.key}", k)
+            written[k.key] = value
     defaults = Timings()
-    lost = values.setdefault("node_lost_after_ms", defaults.node_lost_after_ms)
+    lost = int(values.setdefault("node_lost_after_ms", defaults.node_lost_after_ms))
     # Suspicion tracks the loss deadline unless set: halfway there, as the production defaults are.
-    suspect = values.setdefault("node_suspect_after_ms", max(1, lost // 2))
+    suspect = int(values.setdefault("node_suspect_after_ms", max(1, lost // 2)))
     if suspect > lost:
         raise yn.Invalid.at(
             node,
             f"timings: node_suspect_after ({fmt_ms(suspect)}) must not exceed "
             f"node_lost_after ({fmt_ms(lost)})",
         )
-    return Timings(
-        heartbeat_interval_ms=values.get("heartbeat_interval_ms", defaults.heartbeat_interval_ms),
-        node_suspect_after_ms=suspect,
-        node_lost_after_ms=lost,
-        reconcile_interval_ms=values.get("reconcile_interval_ms", defaults.reconcile_interval_ms),
-    )
+    try:
+        return replace(defaults, **values)
+    except ValueError as err:
+        # Timings' own checks (one value against another): point at the first value it names.
+        named = [k.key for k in settings_named(str(err), TIMING_KEYS) if k.key in written]
+        at = written[named[0]] if named else node
+        raise yn.Invalid.at(at, f"timings: {in_file_terms(str(err), TIMING_KEYS)}") from None
+
+
+def _setting(value: Node, where: str, key: SettingKey) -> int | float:
+    """One settings value of the kind its key says."""
+    match key.kind:
+        case "duration":
+            return yn.duration(value, where, positive=key.minimum > 0)
+        case "count":
+            return yn.integer(value, where, minimum=key.minimum)
+        case "share":
+            try:
+                return parse_share(yn.text(value, where))
+            except ValueError as err:
+                raise yn.Invalid.at(value, f"{where}: {err}") from None
+        case _:
+            assert_never(key.kind)
 
 
 @dataclass(slots=True)
@@ -288,13 +319,28 @@ def _profiles(node: Node) -> tuple[Profile, ...]:
             raise yn.Invalid.at(model_node, f"{where}.model must not be empty")
         load_node = p.get("load_time")
         load_ms = 0 if load_node is None else yn.duration(load_node, f"{where}.load_time")
+        timeout_node = p.get("start_timeout")
+        timeout_ms = (
+            0
+            if timeout_node is None
+            else yn.duration(timeout_node, f"{where}.start_timeout", positive=True)
+        )
         args_node = p.get("args")
         args: tuple[str, ...] = ()
         if args_node is not None:
             items = yn.items(args_node, f"{where}.args")
             args = tuple(yn.text(a, f"{where}.args[{i}]") for i, a in enumerate(items))
         out.append(
-            Profile(ProfileName(name), EngineName(engine), nodes, gpus, model, load_ms, args)
+            Profile(
+                ProfileName(name),
+                EngineName(engine),
+                nodes,
+                gpus,
+                model,
+                load_ms,
+                args,
+                start_timeout_ms=timeout_ms,
+            )
         )
     return tuple(out)
 

@@ -22,10 +22,12 @@ from llmgw_twin.core.model import FabricId, ModelName, NodeId
 from llmgw_twin.twin import yamlnodes as yn
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
+    CrashNode,
     FabricDown,
     FailGpu,
     Fault,
     FaultAction,
+    HangEngine,
     KillEngine,
     KillNode,
     Partition,
@@ -50,6 +52,7 @@ _FAULT_HINT = f"at, id and one action of: {', '.join(_ACTIONS)}"
 _ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "partition": ("nodes", "for"),
     "kill_engine": ("node", "replica_of"),
+    "hang_engine": ("node", "replica_of"),
     "restart_controller": ("down_for",),
     "fail_gpu": ("node", "gpu"),
     "fabric_down": ("fabric", "for"),
@@ -204,6 +207,8 @@ def _new_id(node: Node, where: str, index_of: dict[str, int], raws: list[_Raw]) 
 def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
     if key == "kill_node":
         return KillNode(known.node(value, where))
+    if key == "crash_node":
+        return CrashNode(known.node(value, where))
     if key == "restart_node":
         return RestartNode(known.node(value, where))
     view = yn.MapView(value, where)
@@ -227,6 +232,8 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             return Partition(tuple(nodes), yn.duration(*need("for"), positive=True))
         case "kill_engine":
             return KillEngine(known.node(*need("node")), known.model(*need("replica_of")))
+        case "hang_engine":
+            return HangEngine(known.node(*need("node")), known.model(*need("replica_of")))
         case "restart_controller":
             return RestartController(yn.duration(*need("down_for")))
         case "fail_gpu":

@@ -98,6 +98,10 @@ class Network:
     def fabric_links(self, fabric: FabricId) -> list[NodeId]:
         return sorted(self._members.get(fabric, []))
 
+    def fabric_link_up(self, node: NodeId) -> bool:
+        """The node's link to its fabric's switch is up (its InfiniBand ports are active)."""
+        return bool(self._g.has_edge(node, _fabric_vertex(self._fabric_of[node])))
+
     def cut_fabric(self, fabric: FabricId) -> None:
         for node in self.fabric_links(fabric):
             self.cut(node, _fabric_vertex(fabric))

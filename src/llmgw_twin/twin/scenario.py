@@ -30,6 +30,14 @@ class KillNode:
 
 
 @dataclass(frozen=True, slots=True)
+class CrashNode:
+    """The node's processes die at once and their sockets close (unlike `KillNode`'s power-off:
+    peers on other nodes see their connections drop)."""
+
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
 class RestartNode:
     node: NodeId
 
@@ -42,6 +50,14 @@ class Partition:
 
 @dataclass(frozen=True, slots=True)
 class KillEngine:
+    node: NodeId
+    replica_of: ModelName
+
+
+@dataclass(frozen=True, slots=True)
+class HangEngine:
+    """One engine of `replica_of` on `node` stays alive, its port open, and answers nothing."""
+
     node: NodeId
     replica_of: ModelName
 
@@ -71,9 +87,11 @@ class SetReplicas:
 
 FaultAction = (
     KillNode
+    | CrashNode
     | RestartNode
     | Partition
     | KillEngine
+    | HangEngine
     | RestartController
     | FailGpu
     | FabricDown
@@ -82,9 +100,11 @@ FaultAction = (
 
 FAULT_KEYS: dict[str, type] = {
     "kill_node": KillNode,
+    "crash_node": CrashNode,
     "restart_node": RestartNode,
     "partition": Partition,
     "kill_engine": KillEngine,
+    "hang_engine": HangEngine,
     "restart_controller": RestartController,
     "fail_gpu": FailGpu,
     "fabric_down": FabricDown,

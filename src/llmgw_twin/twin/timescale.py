@@ -1,8 +1,9 @@
 """Scale every duration of a scenario by one factor, and widen its windows for wall-clock runs.
 
-`scale_scenario(s, 0.1)` is the same story ten times faster: timings, load times, fault instants
-and durations, expectation windows and instants, and the run's length, all multiplied (rounded to
-whole milliseconds, never below 1 ms where zero would mean something else). Real mode runs the
+`scale_scenario(s, 0.1)` is the same story ten times faster: every duration among the timings
+(counts and shares stay), load times and start timeouts, fault instants and durations,
+expectation windows and instants, and the run's length, all multiplied (rounded to whole
+milliseconds, never below 1 ms where zero would mean something else). Real mode runs the
 scaled file on real processes, whose timings carry noise the twin does not have: `widen` pads
 every event window by a stated tolerance so that a verdict says what the twin predicted, give or
 take that much.
@@ -15,12 +16,14 @@ from typing import assert_never
 
 from llmgw_twin.core.model import Timings
 from llmgw_twin.twin.scenario import (
+    CrashNode,
     EventExpectation,
     Expectation,
     FabricDown,
     FailGpu,
     Fault,
     FaultAction,
+    HangEngine,
     KillEngine,
     KillNode,
     Partition,
@@ -29,6 +32,9 @@ from llmgw_twin.twin.scenario import (
     Scenario,
     SetReplicas,
 )
+from llmgw_twin.units import setting_keys
+
+_TIMING_KEYS = setting_keys(Timings)
 
 
 def _ms(value: int, factor: float, floor: int = 0) -> int:
@@ -43,7 +49,15 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             return FabricDown(fabric, _ms(for_ms, factor, 1))
         case RestartController(down_for_ms=down):
             return RestartController(_ms(down, factor))
-        case KillNode() | RestartNode() | KillEngine() | FailGpu() | SetReplicas():
+        case (
+            KillNode()
+            | CrashNode()
+            | RestartNode()
+            | KillEngine()
+            | HangEngine()
+            | FailGpu()
+            | SetReplicas()
+        ):
             return action  # instantaneous: only its time moves, and `at_ms` is scaled apart
         case _:
             assert_never(action)
@@ -59,14 +73,22 @@ def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
     if factor <= 0:
         raise ValueError("the time scale must be positive")
     t = scenario.timings
-    timings = Timings(
-        heartbeat_interval_ms=_ms(t.heartbeat_interval_ms, factor, 1),
-        node_suspect_after_ms=_ms(t.node_suspect_after_ms, factor, 1),
-        node_lost_after_ms=_ms(t.node_lost_after_ms, factor, 1),
-        reconcile_interval_ms=_ms(t.reconcile_interval_ms, factor, 1),
+    timings = replace(
+        t,
+        **{
+            k.attr: _ms(getattr(t, k.attr), factor, k.minimum)
+            for k in _TIMING_KEYS
+            if k.kind == "duration"
+        },
     )
     profiles = tuple(
-        replace(p, load_time_ms=_ms(p.load_time_ms, factor)) for p in scenario.profiles
+        replace(
+            p,
+            load_time_ms=_ms(p.load_time_ms, factor),
+            # 0 means "derived from the load time", which scales by itself
+            start_timeout_ms=_ms(p.start_timeout_ms, factor, 1) if p.start_timeout_ms else 0,
+        )
+        for p in scenario.profiles
     )
     faults = tuple(
         Fault(_ms(f.at_ms, factor), _action(f.action, factor), f.id, f.line)

@@ -1,10 +1,15 @@
 """Simulated nodes: each runs the real agent core, its sidecars, and sim-engine shards, in SimPy.
 
 A `SimNode` is the agent's shell in virtual time. It boots (registers, then heartbeats at a phase
-drawn from the run's seeded random source), turns the agent core's commands into simulated
-processes, and dies with everything on it when killed. A `SimEngine` is the sim engine's model:
+drawn from the run's seeded random source; its inventory finds the GPUs that failed before and
+the state of its fabric links), turns the agent core's commands into simulated processes, and
+dies with everything on it when killed (power off) or crashed (its processes die and their
+sockets close, so peers on other nodes notice at once). A `SimEngine` is the sim engine's model:
 the leader binds its rendezvous point and serves `load_time` after start once every worker has
-joined; a worker joins its leader over the fabric and serves nothing.
+joined; a worker joins its leader over the fabric and serves nothing. A hung engine stays alive
+and answers nothing; so does its leader, whose collective stalls. The agent shell probes its
+serving leaders every `probe_interval`; the model costs no periodic event per engine: a hang
+schedules one probe, one interval later, at the leader's node.
 
 `World` owns the clock (SimPy), the network, the nodes, and ground truth for the checkers: which
 engine holds which GPU.
@@ -28,6 +33,8 @@ from llmgw_twin.core.protocol import (
     EngineJoined,
     EngineServing,
     EngineStarted,
+    EngineUnresponsive,
+    FabricLink,
     GpuFailed,
     HeartbeatDue,
     SendReport,
@@ -44,7 +51,8 @@ from llmgw_twin.twin.network import Network
 SIDECAR_START_MS = 100
 """Time from starting a shard's sidecar to it being up."""
 PEER_LOST_EXIT_CODE = 1
-"""What an engine exits with when a GPU under it fails or its replica's fabric goes down."""
+"""What an engine exits with when a GPU under it fails, its replica's fabric goes down, or a
+peer's process on another node dies (its connection closes)."""
 JOIN_RETRY_MS = 1_000
 """How often a worker that cannot reach its leader's rendezvous point tries again."""
 
@@ -66,6 +74,8 @@ class SimEngine:
     loaded: bool = False
     joined: set[int] = field(default_factory=set)  # leader: worker ranks that joined
     has_joined: bool = False  # worker: joined its leader
+    serving: bool = False  # leader: told its agent it serves
+    hung: bool = False  # alive, port open, answers nothing and makes no progress
 
     @property
     def key(self) -> ShardKey:
@@ -124,6 +134,50 @@ class World:
     def engine(self, node: NodeId, key: ShardKey) -> SimEngine | None:
         return self.nodes[node].engines.get(key)
 
+    def leader_of(self, engine: SimEngine) -> SimEngine | None:
+        """The running leader (rank 0) of `engine`'s replica, on the leader's node."""
+        if engine.spec.rank == 0:
+            return engine
+        leader = self.nodes[engine.spec.leader].engines.get(ShardKey(engine.spec.replica, 0))
+        return None if leader is None or leader.stopped else leader
+
+    # --- process faults ------------------------------------------------------------------------
+
+    def hang(self, engine: SimEngine) -> None:
+        """`engine` stops answering and making progress, and so does its leader (a hung worker
+        stalls the replica's collective); the leader's agent notices at its next probe."""
+        engine.hung = True
+        leader = self.leader_of(engine)
+        if leader is None:
+            return  # a worker whose leader is not running yet: the leader will never serve
+        leader.hung = True
+        leader_node = leader.node
+        generation = leader_node.generation
+
+        def probe() -> None:
+            if (
+                leader_node.up
+                and leader_node.generation == generation
+                and leader_node.engines.get(leader.key) is leader
+                and not leader.stopped
+                and leader.serving
+            ):
+                leader_node.deliver(EngineUnresponsive(leader.key), generation)
+
+        self.later(self.timings.probe_interval_ms, probe)
+
+    def peers_lost(self, replicas: set[ReplicaId], crashed: NodeId) -> None:
+        """The processes of `replicas` on `crashed` died and their sockets closed: every engine
+        of those replicas on another node exits, having lost its peer (a hung one notices
+        nothing)."""
+        for name in sorted(self.nodes):
+            if name == crashed:
+                continue
+            node = self.nodes[name]
+            for engine in node.engines_sorted():
+                if engine.spec.replica in replicas and not engine.hung:
+                    node.kill_engine(engine.key, PEER_LOST_EXIT_CODE)
+
     # --- GPU ground truth --------------------------------------------------------------------
 
     def hold_gpus(self, engine: SimEngine) -> None:
@@ -163,12 +217,20 @@ class SimNode:
         return [self.engines[k] for k in sorted(self.engines)]
 
     def boot(self) -> None:
-        """Power on empty: a fresh agent registers, then heartbeats at a seeded phase."""
+        """Power on empty: a fresh agent registers, then heartbeats at a seeded phase. Its
+        inventory finds the node's failed GPUs failed still (hardware does not heal by a
+        reboot) and its fabric links as they are."""
         if self.up:
             self.kill()
         self.up = True
         self.generation += 1
-        self.core = AgentCore(self.info, incarnation=self.generation)
+        failed = tuple(sorted(g for n, g in self.world.failed_gpus if n == self.name))
+        self.core = AgentCore(
+            self.info,
+            incarnation=self.generation,
+            failed_gpus=failed,
+            fabric_up=self.world.network.fabric_link_up(self.name),
+        )
         self.world.send_to_controller(self.name, self.core.registration())
         interval = self.world.timings.heartbeat_interval_ms
         phase = self.world.rng.randrange(1, interval + 1)
@@ -183,12 +245,25 @@ class SimNode:
         self.world.later(delay_ms, beat)
 
     def kill(self) -> None:
-        """Power off: the agent and every engine on the node are gone at once."""
+        """Power off: the agent and every engine on the node are gone at once. Peers elsewhere
+        notice nothing yet: their connections to this node just go silent."""
         self.up = False
         self.generation += 1
         for engine in self.engines_sorted():
             self._stop_engine(engine)
         self.engines.clear()
+
+    def crash(self) -> None:
+        """The node's processes die at once and the kernel closes their sockets: gone as by
+        `kill`, and every engine elsewhere of a multi-node replica with a process here sees its
+        peer's connection close and exits."""
+        replicas = {e.spec.replica for e in self.engines.values() if e.spec.shard_count > 1}
+        self.kill()
+        self.world.peers_lost(replicas, self.name)
+
+    def fabric_link(self, up: bool) -> None:
+        """The node's fabric links went down or came back: its inventory sees the port state."""
+        self.deliver(FabricLink(up), self.generation)
 
     def deliver(self, event: AgentEvent, generation: int) -> None:
         if not self.up or generation != self.generation:
@@ -199,20 +274,20 @@ class SimNode:
                     self._start_sidecar(spec)
                 case StartEngine(spec=spec):
                     self._start_engine(spec)
-                case StopShard(key=key):
+                case StopShard(key=key, token=token):
                     engine = self.engines.pop(key, None)
                     if engine is not None:
                         self._stop_engine(engine)  # SIGKILL: gone at once
-                    self._stopped_soon(key)
+                    self._stopped_soon(key, token)
                 case SendReport(report=report):
                     self.world.send_to_controller(self.name, report)
                 case _:
                     assert_never(cmd)
 
-    def _stopped_soon(self, key: ShardKey) -> None:
+    def _stopped_soon(self, key: ShardKey, token: int) -> None:
         """Tell the agent the shard's processes are gone, once this step is carried out."""
         generation = self.generation
-        self.world.later(0, lambda: self.deliver(ShardStopped(key), generation))
+        self.world.later(0, lambda: self.deliver(ShardStopped(key, token), generation))
 
     def _start_sidecar(self, spec: ShardSpec) -> None:
         generation = self.generation
@@ -242,11 +317,11 @@ class SimNode:
         self.world.free_gpus(engine)
 
     def _notify(self, engine: SimEngine, event: AgentEvent) -> None:
-        if not engine.stopped:
+        if not engine.stopped and not engine.hung:
             self.deliver(event, self.generation)
 
     def _loaded(self, engine: SimEngine) -> None:
-        if engine.stopped:
+        if engine.stopped or engine.hung:
             return
         engine.loaded = True
         self._maybe_up(engine)
@@ -254,15 +329,18 @@ class SimNode:
     def _maybe_up(self, engine: SimEngine) -> None:
         spec = engine.spec
         if spec.rank == 0:
+            if engine.hung or engine.serving:
+                return
             if engine.loaded and len(engine.joined) == spec.shard_count - 1:
                 endpoint = f"http://{self.name}:{http_port_for(spec)}"
+                engine.serving = not engine.stopped
                 self._notify(engine, EngineServing(spec.key, endpoint))
         elif engine.loaded and engine.has_joined:
             self._notify(engine, EngineJoined(spec.key))
 
     def _try_join(self, engine: SimEngine) -> None:
         """A worker connects to its leader's rendezvous point over the fabric."""
-        if engine.stopped or engine.has_joined:
+        if engine.stopped or engine.has_joined or engine.hung:
             return
         spec = engine.spec
         leader_node = self.world.nodes[spec.leader]
@@ -276,6 +354,8 @@ class SimNode:
             return
 
         def arrive() -> None:
+            if engine.hung or leader.hung:
+                return  # connected, but no handshake ever completes
             if engine.stopped or leader.stopped:
                 self._try_join(engine)
                 return
@@ -290,15 +370,22 @@ class SimNode:
         """A GPU fails: the engine on it dies, and the agent's inventory notices the GPU."""
         self.world.failed_gpus.add((self.name, gpu))
         for engine in self.engines_sorted():
-            if gpu in engine.spec.gpus:
+            if gpu in engine.spec.gpus and not engine.hung:  # a hung one notices nothing
                 self.kill_engine(engine.key, PEER_LOST_EXIT_CODE)
         self.deliver(GpuFailed(gpu), self.generation)
 
     def lose_peers(self) -> None:
-        """The node's fabric went down: every multi-node engine here loses its peers and exits."""
+        """The node's fabric went down: every multi-node engine here loses its peers and exits
+        (a hung one notices nothing)."""
         for engine in self.engines_sorted():
-            if engine.spec.shard_count > 1:
+            if engine.spec.shard_count > 1 and not engine.hung:
                 self.kill_engine(engine.key, PEER_LOST_EXIT_CODE)
+
+    def hang_engine(self, key: ShardKey) -> None:
+        """The engine stays alive with its port open and answers nothing from now on."""
+        engine = self.engines.get(key)
+        if engine is not None and not engine.hung:
+            self.world.hang(engine)
 
     def kill_engine(self, key: ShardKey, exit_code: int) -> None:
         """The engine process dies on its own; the agent notices and reports the exit."""
