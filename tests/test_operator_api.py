@@ -15,10 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers.services import FAST, free_ports, node_info, wait_sync
+from helpers.services import FAST, eventually, free_ports, node_info, wait_sync
 from llmgw_twin.cli import main
+from llmgw_twin.core.durable import PutFailedGpu
 from llmgw_twin.core.model import NodeId
-from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
+from llmgw_twin.core.protocol import Heartbeat, NodeRegistered, RequestReport, Step
 from llmgw_twin.service.config import ControllerSettings
 from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
 from llmgw_twin.service.wire import HeartbeatW, NodeRegisteredW
@@ -144,3 +145,48 @@ def test_ctl_without_a_controller_exits_2(capsys: pytest.CaptureFixture[str]) ->
     url = f"http://127.0.0.1:{port}"
     assert main(["ctl", "clear-gpu", "node01", "2", "--controller", url]) == 2
     assert "cannot reach the controller" in capsys.readouterr().err
+
+
+def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: Path) -> None:
+    sent: list[str] = []
+    fatal: list[str] = []
+
+    def agent(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return httpx.Response(200, json={})
+
+    def die(message: str) -> None:
+        fatal.append(message)
+        raise RuntimeError(message)  # the real one ends the process here
+
+    def broken(writes: object) -> None:
+        raise OSError("disk full")
+
+    async def go() -> None:
+        settings = ControllerSettings("127.0.0.1", 0, str(tmp_path / "c.db"), FAST, (), ())
+        runtime = ControllerRuntime(settings, agent_transport=httpx.MockTransport(agent), fatal=die)
+        await runtime.start()
+        transport = httpx.ASGITransport(app=create_controller_app(runtime))
+        async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+            assert (await client.post("/v1/agents/register", json=_registration("n1"))).is_success
+        # a step with a write and a command: the commit fails, so the command never leaves
+        step = Step(
+            commands=(RequestReport(NodeId("n1")),), writes=(PutFailedGpu(NodeId("n1"), 1),)
+        )
+        original = runtime.store.commit
+        runtime.store.commit = broken  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="disk full"):
+            runtime._apply(step)
+        runtime.store.commit = original  # type: ignore[method-assign]
+        assert not runtime._deliveries  # no send was even started
+        assert "/v1/report-request" not in sent
+        runtime._apply(step)  # the same step with a working store does send it
+
+        async def arrived() -> bool | None:
+            return "/v1/report-request" in sent or None
+
+        await eventually(arrived, 5, "the report request")
+        await runtime.stop()
+
+    asyncio.run(go())
+    assert len(fatal) == 1 and "disk full" in fatal[0]

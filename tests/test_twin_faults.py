@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import simpy
@@ -325,3 +326,18 @@ def test_real_mode_refuses_the_faults_it_cannot_inject(fault: str, action: str) 
 def test_real_mode_injects_a_crash() -> None:
     s = load_scenario_text(scenario("  - {at: 1m, crash_node: node02}\n"), "t.yaml")
     check_real_supported(s)  # a crash is a SIGKILL of the node's processes: nothing refused
+
+
+def test_real_mode_hands_the_controller_every_setting_of_the_scenario(tmp_path: Path) -> None:
+    from llmgw_twin.realmode.cluster import RealCluster
+    from llmgw_twin.service.config import load_controller_config
+
+    text = scenario("").replace(
+        "timings: {probe_interval: 5s, unresponsive_grace: 20s}",
+        "timings: {mass_loss_share: 60%, probe_interval: 2s, quarantine_after: 5, start_grace: 0s}",
+        1,
+    )
+    assert "quarantine_after: 5" in text
+    s = load_scenario_text(text, "t.yaml")
+    path = RealCluster(s, tmp_path, 1).write_controller_config()
+    assert load_controller_config(path).timings == s.timings

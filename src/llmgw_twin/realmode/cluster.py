@@ -25,11 +25,11 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from llmgw_twin.core.model import NodeId
+from llmgw_twin.core.model import NodeId, Timings
 from llmgw_twin.realmode.proxy import CuttableProxy
 from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
 from llmgw_twin.twin.scenario import Scenario
-from llmgw_twin.units import fmt_duration
+from llmgw_twin.units import fmt_duration, setting_keys
 
 PORTS_PER_NODE = 100
 ENGINE_PORTS_FROM = 23000
@@ -95,11 +95,10 @@ class RealCluster:
         config: dict[str, Any] = {
             "listen": {"host": "127.0.0.1", "port": self.controller_port},
             "store": str(self.workdir / "controller.db"),
+            # every setting of the scenario, in the controller config's own spelling
             "timings": {
-                "heartbeat_interval": _duration(t.heartbeat_interval_ms),
-                "node_suspect_after": _duration(t.node_suspect_after_ms),
-                "node_lost_after": _duration(t.node_lost_after_ms),
-                "reconcile_interval": _duration(t.reconcile_interval_ms),
+                k.key: _duration(getattr(t, k.attr)) if k.kind == "duration" else getattr(t, k.attr)
+                for k in setting_keys(Timings)
             },
             "profiles": {
                 p.name: {
@@ -110,6 +109,7 @@ class RealCluster:
                     "load_time": _duration(p.load_time_ms),
                     "args": list(p.args),
                 }
+                | ({"start_timeout": _duration(p.start_timeout_ms)} if p.start_timeout_ms else {})
                 for p in sc.profiles
             },
             # no deployments: the run applies them once every agent has registered

@@ -13,6 +13,9 @@ Invariants:
 - Commands to one node go out in the order they were decided, one at a time; an assignment a
   newer one has superseded is not sent. A failed send is logged and dropped: the core is
   level-triggered and assigns again once the agent's report disagrees.
+- A failed store commit, or an exception inside the core (other than its refusals, which change
+  nothing), stops the process (`EXIT_FATAL`) before anything of that step leaves it: the
+  core's memory may be ahead of its store, and adoption after a restart is the way back.
 - A heartbeat from a node the core does not know is answered in-band (`report: true`): the
   agent registers at once, even when no address for it is known.
 - On start the runtime restores from its store when the store holds anything; otherwise it
@@ -23,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pathlib
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import httpx
 from fastapi import FastAPI, Path, Query, Request
@@ -34,7 +39,7 @@ from fastapi.responses import Response
 
 from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.durable import DurableState
+from llmgw_twin.core.durable import DurableState, Write
 from llmgw_twin.core.model import NodeId, ProfileName, TraceEvent
 from llmgw_twin.core.protocol import (
     ApplyDeployment,
@@ -74,6 +79,16 @@ EVENTS_KEPT = 100_000
 """The event log keeps this many recent events; `/v1/admin/events` says how many were dropped."""
 
 PathName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]
+EXIT_FATAL = 70
+"""The controller process's exit status after a failed store commit or a fault in the core."""
+
+
+def _die(message: str) -> NoReturn:
+    """Stop the process at once: its memory may be ahead of its store, and nothing more may be
+    sent from it. The next process starts from the store and adopts what the agents run."""
+    log.critical("%s: stopping the controller (exit %d); restart it to adopt", message, EXIT_FATAL)
+    logging.shutdown()
+    os._exit(EXIT_FATAL)
 
 
 class ControllerRuntime:
@@ -83,8 +98,12 @@ class ControllerRuntime:
         *,
         agent_transport: httpx.AsyncBaseTransport | None = None,
         engine_transport: httpx.AsyncBaseTransport | None = None,
+        fatal: Callable[[str], None] = _die,
     ) -> None:
+        """`fatal` is called, with the lock held, when a commit or a core call fails; it must
+        not return into the step (the default ends the process; tests raise)."""
         self.settings = settings
+        self._fatal = fatal
         self._t0_ns = time.monotonic_ns()
         # the core's clock: wall-clock ms at start, then monotonic, so times the store keeps
         # (silence, quarantines) mean the same to the next controller process
@@ -185,10 +204,12 @@ class ControllerRuntime:
             async with self._lock:
                 self._wake_at = None
                 try:
-                    self._apply(self.core.tick(self.now_ms()))
-                except Exception:
-                    log.exception("reconcile failed; trying again in one interval")
-                    self._arm(self.now_ms() + self.settings.timings.reconcile_interval_ms)
+                    step = self.core.tick(self.now_ms())
+                except Exception as e:
+                    log.exception("the core failed in a reconcile")
+                    self._fatal(f"the core failed in a reconcile: {e!r}")
+                    raise
+                self._apply(step)
 
     # --- carrying out a step (never awaits) --------------------------------------------------
 
@@ -198,8 +219,16 @@ class ControllerRuntime:
                 return  # answered in the reply itself
             self._send(cmd)
 
+        def commit(writes: tuple[Write, ...]) -> None:
+            try:
+                self.store.commit(writes)
+            except Exception as e:
+                log.exception("committing a step failed")
+                self._fatal(f"committing a step to {self.settings.store} failed: {e!r}")
+                raise
+
         # durable before anything leaves the process; events before commands
-        apply_step(step, commit=self.store.commit, publish=self._record, send=send)
+        apply_step(step, commit=commit, publish=self._record, send=send)
         if step.wake_at_ms is not None:
             self._arm(step.wake_at_ms)
 
@@ -254,8 +283,12 @@ class ControllerRuntime:
         async with self._lock:
             try:
                 step = self.core.handle(event, self.now_ms())
-            except ValueError as e:  # the core refuses: an unknown profile, say
+            except ValueError as e:  # the core refuses (an unknown profile, say), changing nothing
                 raise Refused(str(e)) from None
+            except Exception as e:
+                log.exception("the core failed on %s", type(event).__name__)
+                self._fatal(f"the core failed on {type(event).__name__}: {e!r}")
+                raise
             self._apply(step, answered_in_band)
         return step
 
