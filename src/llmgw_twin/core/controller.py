@@ -13,8 +13,9 @@ A restarted controller starts from its store (`restored`): desired state, node r
 where each live replica was placed. It asks every known agent to report at once and adopts a
 replica whose every shard is reported present (no engine restarted, routable again if it was
 serving); a replica short of a shard is failed, reaped and replaced, never ready in between;
-shards no replica claims are stopped. A known node counts as alive from the restart, but nothing
-is placed on it until it is heard from.
+shards no replica claims are stopped. A known node's silence is counted from the last time a
+controller heard it (the store keeps that), not from the restart, and nothing is placed on it
+until it is heard from. The faults this meets are described in docs/faults.md.
 
 Invariants kept: a replica's shards are all in one fabric (placement never returns otherwise);
 a GPU is booked for at most one live replica; a replica leaves `ready` the moment the controller
@@ -29,20 +30,14 @@ from typing import assert_never
 from llmgw_twin.core.assignments import Assignments
 from llmgw_twin.core.durable import (
     DeleteFailedGpu,
-    DeleteNode,
     DeleteQuarantine,
-    DeleteSilence,
     DurableState,
     PutClock,
     PutDeployment,
-    PutFailedGpu,
-    PutNode,
     PutProfile,
     PutSilence,
 )
 from llmgw_twin.core.failures import FailureBook
-from llmgw_twin.core.guard import MassLossGuard
-from llmgw_twin.core.health import HealthChange, HealthTracker
 from llmgw_twin.core.lifecycle import Lifecycle
 from llmgw_twin.core.model import (
     Deployment,
@@ -60,6 +55,7 @@ from llmgw_twin.core.model import (
     ShardState,
     Timings,
 )
+from llmgw_twin.core.nodes import NodeRegistry
 from llmgw_twin.core.outbox import Outbox
 from llmgw_twin.core.placement import CapacityIndex
 from llmgw_twin.core.protocol import (
@@ -79,23 +75,24 @@ from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
 
 
 class Controller:
-    """The controller core, composed of parts that own their state: node health, the capacity
-    index, the replica table, the node assignments, the outbox, and the replica lifecycle that
-    works on them. What is left here is the node registry and the routing of inputs."""
+    """The controller core, composed of parts that own their state: the node registry (health,
+    the mass-loss guard), the capacity index, the replica table, the node assignments, the
+    failure book, the outbox, and the replica lifecycle that works on them. What is left here is
+    the routing of inputs, the reading of shard reports, restore and adoption."""
 
     def __init__(self, timings: Timings, restored: DurableState | None = None) -> None:
         self.timings = timings
         self._restored = restored
-        self._health = HealthTracker(timings)
         self._capacity = CapacityIndex()
         self._out = Outbox()
         self._replicas = ReplicaTable()
         self._assignments = Assignments()
-        self._nodes: dict[NodeId, NodeInfo] = {}
         self._profiles: dict[ProfileName, Profile] = {}
         self._deployments: dict[ModelName, Deployment] = {}
         self._failures = FailureBook(timings)
-        self._guard = MassLossGuard(timings)
+        self._fleet = NodeRegistry(
+            timings, self._capacity, self._assignments, self._replicas, self._failures, self._out
+        )
         self._life = Lifecycle(
             self._replicas,
             self._assignments,
@@ -105,15 +102,11 @@ class Controller:
             self._out,
             timings,
             self._failures,
-            self._node_ok,
-            self._counts,
+            self._fleet.node_ok,
+            self._fleet.counts,
         )
-        self._silence_marked: set[NodeId] = set()
-        """Nodes whose silence the store records (cleared in the store when heard)."""
+        self._fleet.life = self._life
         self._clock_written_ms: int | None = None
-        self._incarnations: dict[NodeId, int] = {}
-        self._heard_nodes: set[NodeId] = set()
-        """Nodes heard from since this controller started: only these are placed on."""
         self._started_reported = True  # start() arms the controller.started report
         self._restored_count = 0
         self._adopted_count = 0
@@ -121,13 +114,13 @@ class Controller:
     # --- read-only views (for shells, the router and the twin's checkers) ---------------------
 
     def node_state(self, node: NodeId) -> NodeState | None:
-        return self._health.state(node)
+        return self._fleet.health.state(node)
 
     def node_info(self, node: NodeId) -> NodeInfo | None:
-        return self._nodes.get(node)
+        return self._fleet.infos.get(node)
 
     def nodes(self) -> list[NodeId]:
-        return sorted(self._nodes)
+        return sorted(self._fleet.infos)
 
     def replica(self, rid: ReplicaId) -> ReplicaRecord | None:
         return self._replicas.get(rid)
@@ -152,7 +145,7 @@ class Controller:
 
     def held(self) -> bool:
         """The mass-loss guard holds: the controller takes the fleet's silence for its own."""
-        return self._guard.held
+        return self._fleet.guard.held
 
     def failed_gpus(self, node: NodeId) -> tuple[int, ...]:
         return self._capacity.failed_gpus(node)
@@ -164,35 +157,23 @@ class Controller:
     def link_up(self, node: NodeId) -> bool:
         return self._capacity.link_up(node)
 
-    def _node_ok(self, node: NodeId) -> bool:
-        """Alive and heard since this controller started."""
-        return node in self._heard_nodes and self._health.state(node) is NodeState.ALIVE
-
-    def _counts(self, rec: ReplicaRecord) -> bool:
-        """Whether a live replica counts toward its deployment's desired count: a restored one
-        still waiting on a node gone silent does not (outside a mass-loss hold)."""
-        if rec.state is not ReplicaState.ADOPTING or self._guard.held:
-            return True
-        silent = (NodeState.SUSPECT, NodeState.LOST)
-        return not any(self._health.state(n) in silent for n in rec.nodes)
-
     # --- inputs ------------------------------------------------------------------------------
 
     def handle(self, event: ControllerEvent, now_ms: int) -> Step:
         self._out.now_ms = now_ms
         match event:
             case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
-                self._register(info, now_ms, incarnation)
-                self._link(info.node, event.fabric_up)
-                self._gpus_failed(info.node, event.failed_gpus)
+                self._fleet.register(info, now_ms, incarnation)
+                self._fleet.link(info.node, event.fabric_up)
+                self._fleet.gpus_failed(info.node, event.failed_gpus)
                 self._observe(info.node, shards)
             case Heartbeat(node=node, shards=shards):
-                if node not in self._nodes:
+                if node not in self._fleet.infos:
                     # unknown here (registered while this controller was down, say)
                     return Step(commands=(RequestReport(node),))
-                self._hear(node, now_ms)
-                self._link(node, event.fabric_up)
-                self._gpus_failed(node, event.failed_gpus)
+                self._fleet.hear(node, now_ms)
+                self._fleet.link(node, event.fabric_up)
+                self._fleet.gpus_failed(node, event.failed_gpus)
                 self._observe(node, shards)
             case ApplyProfile(profile=profile):
                 self._profiles[profile.name] = profile
@@ -238,7 +219,7 @@ class Controller:
         commands: list[ControllerCommand] = []
         if self._restored is not None:
             self._restore(self._restored, now_ms)
-            commands = [RequestReport(n) for n in sorted(self._nodes)]
+            commands = [RequestReport(n) for n in sorted(self._fleet.infos)]
         return self._out.flush(
             tuple(commands), wake_at_ms=now_ms + self.timings.reconcile_interval_ms
         )
@@ -255,17 +236,17 @@ class Controller:
         clock = min(state.clock_ms, now_ms) if state.clock_ms > 0 else now_ms
         seen = {n.node: min(silent.get(n.node, clock), now_ms) for n in state.nodes}
         for info in state.nodes:
-            self._nodes[info.node] = info
+            self._fleet.infos[info.node] = info
             self._capacity.add_node(info)  # not schedulable until heard from
             self._assignments.track(info.node)
         lost_after = self.timings.node_lost_after_ms
         for node in sorted(seen, key=lambda n: (seen[n], n)):
             # silent past the lost window while a controller still ran: declared lost then
             was_lost = node in silent and clock - silent[node] >= lost_after
-            self._health.restore(node, seen[node], was_lost)
+            self._fleet.health.restore(node, seen[node], was_lost)
             if silent.get(node) != seen[node]:
                 self._out.write(PutSilence(node, seen[node]))
-            self._silence_marked.add(node)
+            self._fleet.silence_marked.add(node)
         for node, gpu in state.failed_gpus:
             if self._capacity.has_node(node):
                 self._capacity.fail_gpu(node, gpu)
@@ -284,13 +265,13 @@ class Controller:
     def tick(self, now_ms: int) -> Step:
         """One reconcile pass over what changed since the last one."""
         self._out.now_ms = now_ms
-        for change in self._health.expire_suspect(now_ms):
-            self._heard(change)
-        self._judge_mass_loss(now_ms)
-        if not self._guard.held:
-            for change in self._health.expire_lost(now_ms):
-                self._heard(change)
-        self._forget_long_lost(now_ms)
+        for change in self._fleet.health.expire_suspect(now_ms):
+            self._fleet.on_health(change)
+        self._fleet.judge_mass_loss(now_ms)
+        if not self._fleet.guard.held:
+            for change in self._fleet.health.expire_lost(now_ms):
+                self._fleet.on_health(change)
+        self._fleet.forget_long_lost(now_ms)
         for q in self._failures.expired(now_ms):
             self._out.write(DeleteQuarantine(q.node, q.profile))
             self._out.emit("node.unquarantined", node=q.node, profile=q.profile, reason="expired")
@@ -319,7 +300,7 @@ class Controller:
         self._life.placement_due = False
         commands: list[ControllerCommand] = []
         for node in self._assignments.take_dirty():
-            if self._health.state(node) in (NodeState.ALIVE, NodeState.SUSPECT):
+            if self._fleet.health.state(node) in (NodeState.ALIVE, NodeState.SUSPECT):
                 commands.append(AssignShards(node, self.assigned(node)))
         written = self._clock_written_ms
         if written is None or now_ms - written >= self.timings.heartbeat_interval_ms:
@@ -330,160 +311,6 @@ class Controller:
         )
 
     # --- nodes -------------------------------------------------------------------------------
-
-    def _register(self, info: NodeInfo, now_ms: int, incarnation: int) -> None:
-        known = self._nodes.get(info.node)
-        if known is not None and known != info:
-            self._refit(known, info)
-        if known != info:
-            self._out.write(PutNode(info))
-            self._nodes[info.node] = info
-            self._capacity.add_node(info)  # new facts: re-indexed, unschedulable until heard
-            self._heard_nodes.discard(info.node)
-        # a node never seen, or a new agent process on a node seen before, has joined; a
-        # known node answering a restarted controller has not
-        before = self._incarnations.get(info.node)
-        joined = known is None or (before is not None and before != incarnation)
-        self._incarnations[info.node] = incarnation
-        self._assignments.forget_report(info.node)  # judge its report afresh
-        self._assignments.track(info.node)
-        if joined:
-            self._out.emit("node.joined", node=info.node, fabric=info.fabric)
-        self._hear(info.node, now_ms, announce=not joined)
-        self._assignments.dirty.add(info.node)
-
-    def _forget_long_lost(self, now_ms: int) -> None:
-        """A node lost for `forget_lost_after` and holding nothing leaves every structure and
-        the store: a long-lived controller's memory follows the fleet, not its history."""
-        for node in self._health.lost_since(now_ms, self.timings.forget_lost_after_ms):
-            if self._assignments.keys(node):
-                continue
-            fabric = self._nodes[node].fabric
-            self._health.forget(node)
-            self._capacity.remove_node(node)
-            self._assignments.forget(node)
-            self._failures.forget_node(node)
-            self._nodes.pop(node, None)
-            self._incarnations.pop(node, None)
-            self._heard_nodes.discard(node)
-            self._silence_marked.discard(node)
-            self._out.write(DeleteNode(node))
-            self._out.emit("node.forgotten", node=node, fabric=fabric)
-
-    def _refit(self, known: NodeInfo, info: NodeInfo) -> None:
-        """A node registered again with other facts: a replica it no longer fits (another
-        fabric, GPUs it lost, an engine it no longer has) is failed before the node is
-        re-indexed, so no replica spans two fabrics or holds GPUs that are not there."""
-        for rid in self.replicas_on(info.node):
-            rec = self._replicas[rid]
-            mine = [s for s in rec.specs if s.node == info.node]
-            why = []
-            if rec.fabric is not None and info.fabric != rec.fabric:
-                why.append(f"now in fabric {info.fabric}")
-            if any(g >= info.gpus for s in mine for g in s.gpus):
-                why.append(f"now has {info.gpus} GPU(s)")
-            if rec.profile.engine not in info.engines:
-                why.append(f"no longer runs {rec.profile.engine}")
-            if why:
-                reason = f"node {info.node} registered again: {', '.join(why)}"
-                self._life.fail(rec, reason, info.node)
-
-    def _gpus_failed(self, node: NodeId, gpus: tuple[int, ...]) -> None:
-        """A failed GPU is never offered again, across restarts, until an operator clears it; a
-        live replica on it fails at once."""
-        for gpu in gpus:
-            if not self._capacity.fail_gpu(node, gpu):
-                continue
-            self._out.write(PutFailedGpu(node, gpu))
-            self._out.emit("gpu.failed", node=node, gpu=gpu)
-            self._life.placement_due = True
-            for spec in self.assigned(node):
-                rec = self._replicas.get(spec.replica)
-                if gpu in spec.gpus and rec is not None and rec.state.live:
-                    self._life.fail(rec, f"GPU {gpu} failed on {node}", node)
-
-    def _link(self, node: NodeId, up: bool) -> None:
-        """The node's fabric link state: a node whose links are down takes no multi-node shard."""
-        if not self._capacity.set_link_up(node, up):
-            return
-        fabric = self._nodes[node].fabric
-        self._out.emit("node.link_up" if up else "node.link_down", node=node, fabric=fabric)
-        if up:
-            self._life.placement_due = True
-
-    def _judge_mass_loss(self, now_ms: int) -> None:
-        alive, suspect = self._health.alive_count, self._health.suspect_count
-        guard = self._guard
-        if guard.should_hold(alive, suspect):
-            guard.hold(now_ms, alive, suspect)
-            self._out.emit(
-                "fleet.hold",
-                silent=suspect,
-                fleet=alive + suspect,
-                reason=f"{suspect} of {alive + suspect} nodes silent at once: taken for the "
-                "controller's own partition; nothing is failed or reaped for silence",
-            )
-            for node in self._health.suspects():
-                for rid in self.replicas_on(node):
-                    self._life.reroute(self._replicas[rid], None, "mass-loss hold keeps routes")
-        elif guard.should_resume(alive):
-            guard.resume()
-            silent = self._health.restart_silence(now_ms)
-            self._out.emit("fleet.resumed", heard=alive, fleet=guard.fleet, silent=len(silent))
-            for node in silent:
-                self._out.write(PutSilence(node, now_ms))  # silence counts from now
-                self._silence_marked.add(node)
-                for rid in self.replicas_on(node):
-                    self._life.unroute(self._replicas[rid], node)
-
-    def _hear(self, node: NodeId, now_ms: int, announce: bool = True) -> None:
-        """A node spoke: it is alive, and once heard it may be placed on."""
-        change = self._health.seen(node, now_ms)
-        if node in self._silence_marked:
-            self._silence_marked.discard(node)
-            self._out.write(DeleteSilence(node))
-        if self._failures.heard(node, now_ms):
-            self._life.placement_due = True
-        if node not in self._heard_nodes:
-            self._heard_nodes.add(node)
-            self._capacity.set_schedulable(node, True)
-            self._life.placement_due = True
-        self._heard(change, announce)
-
-    def _heard(self, change: HealthChange | None, announce: bool = True) -> None:
-        """Act on a node's health changing."""
-        if change is None or change.before is None:
-            return
-        node, fabric = change.node, self._nodes[change.node].fabric
-        match change.after:
-            case NodeState.ALIVE:
-                if announce:
-                    self._out.emit("node.recovered", node=node, fabric=fabric)
-                self._capacity.set_schedulable(node, True)
-                self._life.placement_due = True
-                self._assignments.dirty.add(node)
-                for rid in self.replicas_on(node):
-                    self._life.reroute(self._replicas[rid], node, f"node {node} heard again")
-            case NodeState.SUSPECT:
-                self._out.emit("node.suspect", node=node, fabric=fabric)
-                self._capacity.set_schedulable(node, False)
-                since = self._health.last_seen_ms(node)
-                if since is not None and node not in self._silence_marked:
-                    self._out.write(PutSilence(node, since))
-                    self._silence_marked.add(node)
-                for rid in self.replicas_on(node):
-                    rec = self._replicas[rid]
-                    if not self._guard.held:
-                        self._life.unroute(rec, node)
-                    if rec.state is ReplicaState.ADOPTING:
-                        self._replicas.dirty_models.add(rec.model)  # no longer counted
-            case NodeState.LOST:
-                self._out.emit("node.lost", node=node, fabric=fabric)
-                self._capacity.set_schedulable(node, False)
-                for rid in self.replicas_on(node):
-                    self._life.fail(self._replicas[rid], f"node {node} lost", node)
-            case _:
-                assert_never(change.after)
 
     def _observe(self, node: NodeId, shards: tuple[ShardReport, ...]) -> None:
         """Record a node's full report: every shard it runs, and by omission what it does not.
@@ -570,11 +397,11 @@ class Controller:
         if not rec.state.live:
             adopting.discard(rec.id)
             return
-        lost = [s.node for s in rec.specs if self._health.state(s.node) is NodeState.LOST]
+        lost = [s.node for s in rec.specs if self._fleet.health.state(s.node) is NodeState.LOST]
         if lost:
             self._life.fail(rec, f"node {lost[0]} lost", lost[0])
             return
-        if any(spec.node not in self._heard_nodes for spec in rec.specs):
+        if any(spec.node not in self._fleet.heard_nodes for spec in rec.specs):
             return  # wait: an unheard node is declared lost after its silence, failing this
         adopting.discard(rec.id)
         missing = [s for s in rec.specs if s.rank not in rec.reports]
