@@ -424,5 +424,5 @@ class Controller:
             fabric=rec.fabric,
             nodes=rec.nodes,
             ready=ready,
-            endpoint=rec.endpoint,
+            endpoint=rec.endpoint if not rec.unroutable else None,
         )

@@ -89,7 +89,8 @@ class Lifecycle:
                 replica=rec.id,
                 fabric=rec.fabric,
                 nodes=rec.nodes,
-                endpoint=rec.endpoint,
+                # routable only once every node of it is heard: `reroute` announces it then
+                endpoint=rec.endpoint if not rec.unroutable else None,
             )
 
     def fail(
