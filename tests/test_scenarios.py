@@ -15,7 +15,7 @@ from llmgw_twin.twin.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
-NODE_LOSS = ROOT / "scenarios" / "node-loss.yaml"
+REGRESSIONS = sorted((ROOT / "scenarios" / "regressions").glob("*.yaml"))
 
 
 def test_the_suite_is_not_empty() -> None:
@@ -74,18 +74,22 @@ def test_the_seed_draws_the_heartbeat_phases() -> None:
 
 
 def test_same_trace_across_processes_with_different_hash_seeds() -> None:
-    """Set and dict iteration over strings changes with PYTHONHASHSEED; the trace must not."""
+    """Set and dict iteration over strings changes with PYTHONHASHSEED; the trace must not.
+    Every scenario file (the regressions too), one process per hash seed."""
+    files = [*SCENARIOS, *REGRESSIONS]
     digests = []
     for hash_seed in ("1", "2"):
         out = subprocess.run(
-            [sys.executable, "-m", "llmgw_twin.cli", "run", "--json", str(NODE_LOSS)],
+            [sys.executable, "-m", "llmgw_twin.cli", "run", "--json", *map(str, files)],
             env={**os.environ, "PYTHONHASHSEED": hash_seed},
             capture_output=True,
             text=True,
             check=True,
-            timeout=120,
+            timeout=300,
         )
-        digests.append(json.loads(out.stdout)["trace_sha256"])
+        reports = [json.loads(line) for line in out.stdout.splitlines()]
+        digests.append({r["file"]: r["trace_sha256"] for r in reports})
+    assert len(digests[0]) == len(files)
     assert digests[0] == digests[1]
 
 

@@ -7,6 +7,7 @@
     llmgw-twin controller --config FILE  the controller service (API, router, reconcile loop)
     llmgw-twin agent --config FILE       a node agent
     llmgw-twin sidecar ...               a shard's sidecar (started by the agent)
+    llmgw-twin fuzz --seeds A..B ...     generated scenarios, random faults (docs/fuzzing.md)
 
 `run` exit status: 0 every file passed; 1 an expectation or invariant failed; 2 a file is not a
 valid scenario (or asks for what the twin cannot run), with file, line, column and what is wrong.
@@ -46,6 +47,10 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("controller",): ("llmgw_twin.service.controller_main", "run the controller service"),
     ("agent",): ("llmgw_twin.service.agent_main", "run a node agent"),
     ("sidecar",): ("llmgw_twin.service.sidecar", "run a shard's sidecar"),
+    ("fuzz",): (
+        "llmgw_twin.twin.fuzz_cli",
+        "run generated scenarios with random faults over a block of seeds (docs/fuzzing.md)",
+    ),
 }
 
 
