@@ -38,6 +38,16 @@ class Fleet:
         self.state = self.state.apply(step.writes)
         return step
 
+    def reports(self, name: str) -> tuple[ShardReport, ...]:
+        return tuple(
+            ShardReport(
+                s,
+                ShardState.SERVING if s.rank == 0 else ShardState.RUNNING,
+                f"http://{name}:8000" if s.rank == 0 else None,
+            )
+            for s in self.ctl.assigned(NodeId(name))
+        )
+
     def up(self, t: int) -> None:
         self.apply(self.ctl.tick(t))
         for name, _ in self.nodes:
@@ -59,7 +69,8 @@ def test_a_node_registering_in_another_fabric_fails_its_replica() -> None:
     fleet.up(1_000)
     (rec,) = fleet.ctl.ready_replicas(M)
     moved = rec.nodes[1]
-    step = fleet.ctl.handle(NodeRegistered(node(moved, "ib-b")), 5_000)
+    # it registers again, still running its shard, but now in the other fabric
+    step = fleet.ctl.handle(NodeRegistered(node(moved, "ib-b"), fleet.reports(moved)), 5_000)
     failed = [e for e in step.events if e.kind == "replica.failed"]
     assert failed and "now in fabric ib-b" in str(failed[0].get("reason"))
     assert rec.state is ReplicaState.REAPED
@@ -70,7 +81,9 @@ def test_a_node_registering_with_fewer_gpus_is_not_stuck() -> None:
     fleet.up(1_000)
     (rec,) = fleet.ctl.ready_replicas(M)
     n = rec.nodes[0]
-    fleet.ctl.handle(NodeRegistered(node(n, "ib-a", gpus=2)), 5_000)
+    assert max(rec.specs[0].gpus) >= 2
+    # it registers again with 2 GPUs, still reporting its shard on GPUs it no longer has
+    fleet.ctl.handle(NodeRegistered(node(n, "ib-a", gpus=2), fleet.reports(n)), 5_000)
     assert rec.state is ReplicaState.REAPED
     fleet.ctl.handle(Heartbeat(NodeId("n2"), ()), 5_001)
     fleet.ctl.handle(Heartbeat(n, ()), 5_002)
