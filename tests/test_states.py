@@ -92,7 +92,8 @@ def _replica_moves(trace: list[dict[str, object]]) -> list[tuple[str, R, R]]:
 def test_every_replica_move_in_a_scenario_trace_is_in_the_table(path: Path) -> None:
     result = run_scenario(load_scenario(path))
     moves = _replica_moves([ev.as_dict() for ev in result.trace])
-    assert moves, "the scenario moved no replica"
+    # a regression file may be shrunk past moving anything (its bug is elsewhere)
+    assert moves or path.parent.name == "regressions", "the scenario moved no replica"
     illegal = [m for m in moves if not states.can_move(states.REPLICA, m[1], m[2])]
     assert illegal == []
 
