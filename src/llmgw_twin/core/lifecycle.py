@@ -22,7 +22,14 @@ import heapq
 from collections.abc import Callable, Mapping
 
 from llmgw_twin.core.assignments import Assignments
-from llmgw_twin.core.durable import DeleteReplica, PutQuarantine, PutReplica, PutSeq, ReplicaRow
+from llmgw_twin.core.durable import (
+    DeleteReplica,
+    PutQuarantine,
+    PutReplica,
+    PutSeq,
+    QuarantineRow,
+    ReplicaRow,
+)
 from llmgw_twin.core.failures import FailureBook
 from llmgw_twin.core.model import (
     RENDEZVOUS_PORT_BASE,
@@ -127,15 +134,7 @@ class Lifecycle:
             reason=reason,
         )
         self.reap(rec, reason)
-        for q in started:
-            self.out.write(PutQuarantine(q))
-            self.out.emit(
-                "node.quarantined",
-                node=q.node,
-                profile=q.profile,
-                reason=q.reason,
-                until_ms=q.until_ms,
-            )
+        self._announce(started)
 
     def reap(self, rec: ReplicaRecord, reason: str) -> None:
         """Drop the replica's shards from every node's assignment and free its GPUs."""
@@ -297,7 +296,11 @@ class Lifecycle:
         rows = self.failures.quarantine(
             rec.nodes, rec.profile.name, self.out.now_ms, f"{rec.id} {reason}"
         )
-        for q in rows:
+        self._announce(rows)
+
+    def _announce(self, quarantines: list[QuarantineRow]) -> None:
+        """Quarantines just begun: kept in the store, and said in the trace."""
+        for q in quarantines:
             self.out.write(PutQuarantine(q))
             self.out.emit(
                 "node.quarantined",

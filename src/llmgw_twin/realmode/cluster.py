@@ -225,12 +225,7 @@ class RealCluster:
         n = self.nodes[node]
         if n.proc is None:
             return
-        _killpg(n.proc.pid, signal.SIGSTOP)
-        groups = {n.proc.pid, *children_groups(n.proc.pid)}
-        self.started_groups |= groups
-        for pgid in sorted(groups):
-            _killpg(pgid, signal.SIGSTOP)
-        n.frozen |= groups
+        n.frozen |= self._freeze(n.proc.pid)
         n.proc = None
 
     def crash_node(self, node: NodeId) -> None:
@@ -239,13 +234,20 @@ class RealCluster:
         n = self.nodes[node]
         if n.proc is None:
             return
-        _killpg(n.proc.pid, signal.SIGSTOP)
-        groups = {n.proc.pid, *children_groups(n.proc.pid)}
-        self.started_groups |= groups
-        for pgid in sorted(groups):
+        for pgid in sorted(self._freeze(n.proc.pid)):
             _killpg(pgid, signal.SIGKILL)
         n.proc.wait(timeout=STOP_GRACE_S)
         n.proc = None
+
+    def _freeze(self, agent_pid: int) -> set[int]:
+        """Stop the agent first (it can start nothing more), then every process group of its
+        children (found in /proc by parent); returns the groups, all stopped."""
+        _killpg(agent_pid, signal.SIGSTOP)
+        groups = {agent_pid, *children_groups(agent_pid)}
+        self.started_groups |= groups
+        for pgid in sorted(groups):
+            _killpg(pgid, signal.SIGSTOP)
+        return groups
 
     def _thaw_dead(self, n: NodeProcs) -> None:
         """End a powered-off node's frozen processes for good (SIGKILL works on stopped ones)."""
