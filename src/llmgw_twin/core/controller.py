@@ -366,7 +366,7 @@ class Controller:
                 reason = f"leader on {spec.node} not answering its health probe"
                 self._life.degrade(rec, reason)
             return  # not ready yet: its start deadline judges it
-        if rank == 0 and report.state is ShardState.SERVING and rec.is_degraded():
+        if rank == 0 and report.state is ShardState.SERVING and rec.state is ReplicaState.DEGRADED:
             self._life.recover(rec, report.endpoint)
             return
         up = ShardState.SERVING if rank == 0 else ShardState.RUNNING
@@ -424,5 +424,5 @@ class Controller:
             fabric=rec.fabric,
             nodes=rec.nodes,
             ready=ready,
-            endpoint=rec.endpoint if not rec.unroutable else None,
+            endpoint=rec.routed_endpoint,
         )

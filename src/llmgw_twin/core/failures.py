@@ -106,9 +106,6 @@ class FailureBook:
         for key in [k for k in self._by_node if k[0] == node]:
             del self._by_node[key]
 
-    def unheard(self) -> list[NodeId]:
-        return sorted(self._unheard)
-
     # --- reading -------------------------------------------------------------------------------
 
     def backoff_ms(self, model: ModelName, now_ms: int) -> int:
@@ -129,9 +126,6 @@ class FailureBook:
         out = set(self._unheard)
         out.update(n for (n, p) in self.quarantines if p == profile)
         return frozenset(out)
-
-    def avoided(self, node: NodeId) -> bool:
-        return node in self._unheard
 
     # --- quarantine upkeep ---------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmgw_twin.core import states
 from llmgw_twin.core.model import NodeId, NodeState, Timings
 
 
@@ -21,6 +22,13 @@ class HealthChange:
     node: NodeId
     before: NodeState | None  # None: first time seen
     after: NodeState
+
+
+def _change(node: NodeId, before: NodeState | None, after: NodeState) -> HealthChange:
+    """A health change, checked against `states.NODE_HEALTH` (a first sighting is no move)."""
+    if before is not None:
+        states.transition(states.NODE_HEALTH, before, after)
+    return HealthChange(node, before, after)
 
 
 class HealthTracker:
@@ -58,7 +66,7 @@ class HealthTracker:
         self._alive[node] = now_ms
         if before is NodeState.ALIVE:
             return None
-        return HealthChange(node, before, NodeState.ALIVE)
+        return _change(node, before, NodeState.ALIVE)
 
     @property
     def alive_count(self) -> int:
@@ -99,7 +107,7 @@ class HealthTracker:
                 break
             del self._alive[node]
             self._suspect[node] = seen
-            changes.append(HealthChange(node, NodeState.ALIVE, NodeState.SUSPECT))
+            changes.append(_change(node, NodeState.ALIVE, NodeState.SUSPECT))
         return changes
 
     def expire_lost(self, now_ms: int) -> list[HealthChange]:
@@ -111,7 +119,7 @@ class HealthTracker:
                 break
             del self._suspect[node]
             self._lost[node] = seen
-            changes.append(HealthChange(node, NodeState.SUSPECT, NodeState.LOST))
+            changes.append(_change(node, NodeState.SUSPECT, NodeState.LOST))
         return changes
 
     def next_deadline_ms(self) -> int | None:

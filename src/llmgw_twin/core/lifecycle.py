@@ -96,8 +96,7 @@ class Lifecycle:
                 replica=rec.id,
                 fabric=rec.fabric,
                 nodes=rec.nodes,
-                # routable only once every node of it is heard: `reroute` announces it then
-                endpoint=rec.endpoint if not rec.unroutable else None,
+                endpoint=rec.routed_endpoint,
             )
 
     def fail(
@@ -329,7 +328,7 @@ class Lifecycle:
             "replica.recovered",
             model=rec.model,
             replica=rec.id,
-            endpoint=endpoint if not rec.unroutable else None,
+            endpoint=rec.routed_endpoint,
         )
 
     def unroute(self, rec: ReplicaRecord, node: NodeId) -> None:

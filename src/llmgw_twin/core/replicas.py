@@ -63,8 +63,11 @@ class ReplicaRecord:
     """Suspect nodes this ready replica has a shard on: while any, it is out of routing."""
     degraded_since_ms: int = 0
 
-    def is_degraded(self) -> bool:
-        return self.state is ReplicaState.DEGRADED
+    @property
+    def routed_endpoint(self) -> str | None:
+        """The leader endpoint an event may announce to the router: none while a node of this
+        replica is suspect (`Lifecycle.reroute` announces it once every node is heard)."""
+        return self.endpoint if not self.unroutable else None
 
     def move(self, new: ReplicaState) -> None:
         """Change state along the replica table; an illegal move raises."""
@@ -119,9 +122,6 @@ class ReplicaTable:
 
     def live(self, model: ModelName) -> list[ReplicaRecord]:
         return [self.records[r] for r in self.by_model.get(model, {})]
-
-    def live_count(self, model: ModelName) -> int:
-        return len(self.by_model.get(model, {}))
 
     def per_fabric(self, model: ModelName) -> dict[FabricId, int]:
         """Live placed replicas of `model` per fabric (kept up to date by bind and reap)."""

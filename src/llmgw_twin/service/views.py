@@ -24,7 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.model import ModelName, NodeId
+from llmgw_twin.core.model import ModelName, NodeId, ReplicaState
 from llmgw_twin.core.routing import Router
 from llmgw_twin.service.wire import DeploymentW, NodeInfoW, Refused
 
@@ -80,7 +80,7 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
                 "model": rec.model,
                 "profile": rec.profile.name,
                 "state": rec.state.value,
-                "routable": rec.state.value == "ready" and not rec.unroutable,
+                "routable": rec.state is ReplicaState.READY and not rec.unroutable,
                 "fabric": rec.fabric,
                 "nodes": list(rec.nodes),
                 "endpoint": rec.endpoint,
