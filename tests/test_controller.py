@@ -116,7 +116,8 @@ def test_lost_node_fails_and_reaps_its_replica_and_places_the_replacement_in_one
     failed = step.events[1]
     assert failed.get("replica") == "llama-r1" and failed.get("reason") == "node n2 lost"
     assert step.events[3].get("fabric") == "ib-b"
-    assert step.events[3].get("nodes") == ("n3", "n4")  # the tightest fit: 4 GPUs left each
+    # n3 and n4 hold the deployment's other replica: spread across nodes beats the tighter fit
+    assert step.events[3].get("nodes") == ("n5", "n6")
     # n1's shard is dropped from its assignment, its GPUs freed; n2 is not told anything
     cmds = {c.node: c.shards for c in step.commands if isinstance(c, AssignShards)}
     assert cmds[NodeId("n1")] == ()

@@ -22,9 +22,10 @@ import pytest
 
 from llmgw_twin.cli import main
 from llmgw_twin.core.assignments import Assignments
-from llmgw_twin.core.model import FabricId, NodeId, Profile, ShardSpec, ShardState
+from llmgw_twin.core.model import Profile, ShardSpec, ShardState
 from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
 from llmgw_twin.core.replicas import ReplicaRecord
+from llmgw_twin.core.room import Shape
 from llmgw_twin.twin.fuzz import (
     LIVENESS,
     Coverage,
@@ -238,16 +239,19 @@ def test_regression_scenario_passes(path: Path) -> None:
 
 def _spanning_place(original: Callable[..., Placement | Unplaceable]) -> Callable[..., object]:
     def place(
-        self: CapacityIndex,
-        profile: Profile,
-        per_fabric: dict[FabricId, int],
-        excluded: frozenset[NodeId] = frozenset(),
+        self: CapacityIndex, profile: Profile, *args: object, **kwargs: object
     ) -> Placement | Unplaceable:
-        got = original(self, profile, per_fabric, excluded)
+        got = original(self, profile, *args, **kwargs)
         if isinstance(got, Placement) or profile.nodes < 2:
             return got
         # planted: no fabric holds the whole replica, so take nodes from several
-        found = [n for f in sorted(self._buckets) for n in self._fits_in(f, profile, excluded)]
+        shape = Shape.of(profile)
+        found = [
+            n
+            for f in self.fabrics()
+            for n in self.nodes_of(f)
+            if self.can_run(n, shape) and len(self.free_gpus(n)) >= shape.gpus
+        ]
         if len(found) < profile.nodes:
             return got
         nodes = tuple(found[: profile.nodes])

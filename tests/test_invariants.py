@@ -7,12 +7,13 @@ monkeypatch) and asserts that the matching invariant reports it and the run fail
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from llmgw_twin.core.agent import AgentCore
 from llmgw_twin.core.lifecycle import Lifecycle
-from llmgw_twin.core.model import FabricId, NodeId, Profile, TraceEvent
+from llmgw_twin.core.model import NodeId, Profile, TraceEvent
 from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
 from llmgw_twin.core.routing import Router
 from llmgw_twin.twin.loader import load_scenario, load_scenario_text
@@ -54,12 +55,9 @@ def test_single_fabric_catches_a_replica_split_across_fabrics(
     real = CapacityIndex.place
 
     def split(
-        self: CapacityIndex,
-        profile: Profile,
-        per: dict[FabricId, int],
-        excluded: frozenset[NodeId] = frozenset(),
+        self: CapacityIndex, profile: Profile, *args: Any, **kwargs: Any
     ) -> Placement | Unplaceable:
-        got = real(self, profile, per, excluded)
+        got = real(self, profile, *args, **kwargs)
         if isinstance(got, Placement) and got.nodes[0] == "node01":
             return Placement(got.fabric, (NodeId("node01"), NodeId("node03")), got.gpus)
         return got

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from conftest import node, profile
 from llmgw_twin.core.model import FabricId, NodeId
-from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
+from llmgw_twin.core.placement import REASON_FABRICS, CapacityIndex, Placement, Unplaceable
+from llmgw_twin.core.room import Demand, Shape, capacity_of
 
 
 def fleet(*infos: tuple[str, str, int]) -> CapacityIndex:
@@ -133,3 +134,84 @@ def test_placement_never_spans_fabrics_never_double_books_and_places_whenever_po
                 assert (x, gpu) not in held
                 held.add((x, gpu))
         book(idx, result)
+
+
+# --- room, spread and the whole pending set ----------------------------------------------------
+
+
+def test_capacity_of_a_histogram_counts_whole_replicas_on_distinct_nodes() -> None:
+    assert capacity_of({8: 2}, 1, 4) == 4  # two slots per node
+    assert capacity_of({8: 2}, 2, 4) == 2  # each replica needs two nodes
+    assert capacity_of({8: 1, 4: 1}, 2, 4) == 1  # the 8-GPU node alone cannot hold a pair
+    assert capacity_of({8: 3}, 3, 8) == 1
+    assert capacity_of({2: 5}, 1, 4) == 0
+    assert capacity_of({}, 1, 1) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(1, 8), st.integers(1, 4), max_size=4), profiles)
+def test_capacity_of_matches_brute_force(
+    hist: dict[int, int], wants: list[tuple[int, int]]
+) -> None:
+    frees = [v for v, c in hist.items() for _ in range(c)]
+    for n, g in wants[:3]:
+        # brute force: place replicas one at a time on the n nodes with the most room left
+        left = sorted(frees, reverse=True)
+        count = 0
+        while True:
+            order = sorted(range(len(left)), key=lambda i: -left[i])[:n]
+            if len(order) < n or any(left[i] < g for i in order):
+                break
+            for i in order:
+                left[i] -= g
+            count += 1
+        assert capacity_of(hist, n, g) == count
+
+
+def test_the_room_left_for_pending_replicas_steers_a_placement() -> None:
+    # a 1x6 and a 2x2 are pending on nodes of 6 and 8 GPUs: the 1x6 on the 6-GPU node (the
+    # tightest fit) would leave no pair of nodes for the 2x2; on the 8-GPU node both fit
+    idx = fleet(("six", "f", 6), ("eight", "f", 8))
+    wide, pair = profile(nodes=1, gpus=6), profile(nodes=2, gpus=2)
+    demand = Demand(idx, [Shape.of(pair)])
+    got = idx.place(wide, {}, demand=demand)
+    assert isinstance(got, Placement) and got.nodes == ("eight",)
+    # without a pending pair, the tightest fit wins
+    tight = idx.place(wide, {})
+    assert isinstance(tight, Placement) and tight.nodes == ("six",)
+
+
+def test_replicas_of_one_deployment_spread_across_nodes_within_a_fabric() -> None:
+    idx = fleet(("n1", "f", 8), ("n2", "f", 8), ("n3", "f", 4))
+    # n3 is the tightest fit, but a replica of the deployment is there already
+    got = idx.place(profile(nodes=1, gpus=4), {}, per_node={NodeId("n3"): 1})
+    assert isinstance(got, Placement) and got.nodes == ("n1",)
+
+
+def test_an_unplaceable_reason_names_a_bounded_number_of_fabrics() -> None:
+    idx = fleet(*((f"n{i:02d}", f"f{i:02d}", 2) for i in range(20)))
+    got = idx.place(profile(nodes=1, gpus=4), {})
+    assert isinstance(got, Unplaceable)
+    assert got.reason.count(" has ") == REASON_FABRICS
+    assert "14 more fabric(s) have fewer" in got.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets, profiles, st.lists(st.integers(0, 3), min_size=3, max_size=3))
+def test_the_ranked_answer_is_the_full_scan_answer(
+    spec: list[tuple[str, int]], wants: list[tuple[int, int]], spread: list[int]
+) -> None:
+    """With room to spare, `place` answers from its per-shape ranking; it must choose exactly
+    what a scan of every fabric chooses (an exclusion of an unknown node forces the scan)."""
+    idx = CapacityIndex()
+    for i, (fabric, gpus) in enumerate(spec):
+        idx.add_node(node(f"n{i:02d}", fabric, gpus))
+        idx.set_schedulable(NodeId(f"n{i:02d}"), True)
+    per_fabric = {FabricId(f): c for f, c in zip(("fa", "fb", "fc"), spread, strict=True)}
+    scan = frozenset({NodeId("not-a-node")})
+    for n, g in wants:
+        p = profile(nodes=n, gpus=g)
+        fast, full = idx.place(p, per_fabric), idx.place(p, per_fabric, scan)
+        assert fast == full
+        if isinstance(fast, Placement):
+            book(idx, fast)

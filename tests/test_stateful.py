@@ -43,7 +43,7 @@ import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, Phase, note, settings
@@ -981,12 +981,9 @@ def test_a_placement_across_fabrics_is_found(monkeypatch: pytest.MonkeyPatch) ->
     real = CapacityIndex.place
 
     def across(
-        self: CapacityIndex,
-        profile: Profile,
-        per_fabric: dict[FabricId, int],
-        excluded: frozenset[NodeId] = frozenset(),
+        self: CapacityIndex, profile: Profile, *args: Any, **kwargs: Any
     ) -> Placement | Unplaceable:
-        got = real(self, profile, per_fabric, excluded)
+        got = real(self, profile, *args, **kwargs)
         if not isinstance(got, Placement) or profile.nodes < 2:
             return got
         for name in sorted(self._nodes):  # the last rank goes to another fabric, where it fits

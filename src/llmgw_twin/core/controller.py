@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from llmgw_twin.core.assignments import Assignments
+from llmgw_twin.core.defrag import Defragmenter
 from llmgw_twin.core.durable import (
     DeleteFailedGpu,
     DeleteQuarantine,
@@ -106,6 +107,9 @@ class Controller:
             self._fleet.counts,
         )
         self._fleet.life = self._life
+        self._defrag = Defragmenter(
+            self._life, self._fleet.node_ok, lambda: not self._fleet.guard.held
+        )
         self._clock_written_ms: int | None = None
         self._started_reported = True  # start() arms the controller.started report
         self._restored_count = 0
@@ -156,6 +160,10 @@ class Controller:
 
     def link_up(self, node: NodeId) -> bool:
         return self._capacity.link_up(node)
+
+    def moves(self) -> dict[ReplicaId, ReplicaId]:
+        """Defragmentation moves in flight: new copy -> the replica it replaces."""
+        return self._defrag.in_flight
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -297,7 +305,10 @@ class Controller:
         self._replicas.dirty_models.clear()
         if self._replicas.pending and self._life.placement_due:
             self._life.place_pending()
+            self._defrag.due = True
         self._life.placement_due = False
+        if self._replicas.pending:
+            self._defrag.run()
         commands: list[ControllerCommand] = []
         for node in self._assignments.take_dirty():
             if self._fleet.health.state(node) in (NodeState.ALIVE, NodeState.SUSPECT):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from llmgw_twin.core.assignments import Assignments
 from llmgw_twin.core.durable import (
@@ -45,9 +46,33 @@ from llmgw_twin.core.model import (
     Timings,
 )
 from llmgw_twin.core.outbox import Outbox
+from llmgw_twin.core.passes import plan_pass
 from llmgw_twin.core.placement import CapacityIndex, Placement
 from llmgw_twin.core.protocol import RequestReport
 from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
+
+
+class MoveHooks(Protocol):
+    """What the defragmenter must hear of replicas in a move (`defrag.Defragmenter`)."""
+
+    def is_copy(self, rid: ReplicaId) -> bool:
+        """A move's new copy: it does not count toward its deployment while its original lives."""
+        ...
+
+    def ready(self, rec: ReplicaRecord) -> None: ...
+
+    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None: ...
+
+
+class _NoMoves:
+    def is_copy(self, rid: ReplicaId) -> bool:
+        return False
+
+    def ready(self, rec: ReplicaRecord) -> None:
+        return None
+
+    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
+        return None
 
 
 class Lifecycle:
@@ -79,6 +104,7 @@ class Lifecycle:
         self.out = out
         self.placement_due = False
         """Something changed that may let a pending replica fit (capacity or a new replica)."""
+        self.moves: MoveHooks = _NoMoves()
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self.replicas[rid]
@@ -98,6 +124,7 @@ class Lifecycle:
                 nodes=rec.nodes,
                 endpoint=rec.routed_endpoint,
             )
+            self.moves.ready(rec)
 
     def fail(
         self,
@@ -135,7 +162,7 @@ class Lifecycle:
         self.reap(rec, reason)
         self._announce(started)
 
-    def reap(self, rec: ReplicaRecord, reason: str) -> None:
+    def reap(self, rec: ReplicaRecord, reason: str, scaled_down: bool = False) -> None:
         """Drop the replica's shards from every node's assignment and free its GPUs."""
         rec.move(ReplicaState.REAPED)
         rec.endpoint = None
@@ -149,11 +176,14 @@ class Lifecycle:
         self.out.emit(
             "replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason
         )
+        self.moves.gone(rec, scaled_down)
 
     def reconcile_deployment(self, model: ModelName) -> None:
         dep = self.deployments.get(model)
         want = dep.replicas if dep is not None else 0
-        counted = [r for r in self.replicas.live(model) if self.counts(r)]
+        counted = [
+            r for r in self.replicas.live(model) if self.counts(r) and not self.moves.is_copy(r.id)
+        ]
         while len(counted) < want and dep is not None:
             counted.append(self.new_replica(dep))
         while len(counted) > want:
@@ -171,37 +201,42 @@ class Lifecycle:
                     -r.seq,
                 ),
             )
-            self.reap(victim, "scaled down")
+            self.reap(victim, "scaled down", scaled_down=True)
             counted.remove(victim)
 
     def new_replica(self, dep: Deployment) -> ReplicaRecord:
-        rid, seq = self.replicas.next_id(dep.model)
-        self.out.write(PutSeq(dep.model, seq))
+        rec = self.new_record(dep.model, self.profiles[dep.profile])
         now = self.out.now_ms
-        rec = ReplicaRecord(rid, dep.model, self.profiles[dep.profile], seq, now)
-        self.replicas.add(rec)
-        self.placement_due = True  # a new replica is a reason to try placing
         delay = self.failures.backoff_ms(dep.model, now)
         if delay > 0:
             rec.not_before_ms = now + delay
-            heapq.heappush(self._timers, (rec.not_before_ms, "backoff", rid))
-            self.out.emit("replica.backoff", model=dep.model, replica=rid, delay_ms=delay)
+            heapq.heappush(self._timers, (rec.not_before_ms, "backoff", rec.id))
+            self.out.emit("replica.backoff", model=dep.model, replica=rec.id, delay_ms=delay)
+        return rec
+
+    def new_record(self, model: ModelName, profile: Profile) -> ReplicaRecord:
+        """A new pending replica of `model`, its id recorded durably first."""
+        rid, seq = self.replicas.next_id(model)
+        self.out.write(PutSeq(model, seq))
+        rec = ReplicaRecord(rid, model, profile, seq, self.out.now_ms)
+        self.replicas.add(rec)
+        self.placement_due = True  # a new replica is a reason to try placing
         return rec
 
     def place_pending(self) -> None:
+        """Place the whole pending set at once (`passes.plan_pass`): the largest replicas first,
+        each where it leaves the most room for the rest; model names only break the last ties."""
         now = self.out.now_ms
-        for rid in list(self.replicas.pending):
-            rec = self.replicas[rid]
-            if rec.not_before_ms > now:
-                continue  # backing off: its timer tries again
-            excluded = self.failures.excluded(rec.profile.name)
-            result = self.capacity.place(rec.profile, self.replicas.per_fabric(rec.model), excluded)
+        todo = [
+            r for rid in self.replicas.pending if (r := self.replicas[rid]).not_before_ms <= now
+        ]
+        for rec, result in plan_pass(self.capacity, todo, self.replicas, self.failures.excluded):
             if isinstance(result, Placement):
                 self.bind(rec, result)
             elif result.reason != rec.unplaceable_reason:
                 rec.unplaceable_reason = result.reason
                 self.out.emit(
-                    "replica.unplaceable", model=rec.model, replica=rid, reason=result.reason
+                    "replica.unplaceable", model=rec.model, replica=rec.id, reason=result.reason
                 )
 
     def bind(self, rec: ReplicaRecord, placement: Placement) -> None:

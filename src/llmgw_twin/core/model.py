@@ -47,6 +47,9 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "replica.unplaceable",
     "replica.backoff",
     "replica.adopted",
+    "replica.moving",
+    "replica.moved",
+    "replica.move_aborted",
     "controller.started",
 )
 """Every kind of event the control plane emits (docs/scenarios.md says what each means)."""
@@ -131,6 +134,16 @@ class Timings:
     """How long a leader may fail its probes (out of routing meanwhile) before its replica is
     failed and replaced."""
     forget_lost_after_ms: int = 86_400_000
+    # defragmentation
+    defrag_max_moves: int = 4
+    """The most running replicas one defragmentation moves to make room for an unplaceable
+    one (each make-before-break, within its fabric); 0 switches defragmentation off."""
+    defrag_moves_across_fabrics: int = 2
+    """Of one defragmentation's moves, how many may take a replica to another fabric (wholly:
+    no replica ever spans two) when no plan within fabrics exists; 0 keeps every move in its
+    fabric."""
+    defrag_interval_ms: int = 60_000
+    """The least time between the starts of two defragmentations."""
     """A node lost this long (and holding nothing) is forgotten: a decommissioned node does not
     stay in the registry forever. If it comes back, it joins as a new node."""
 
@@ -150,7 +163,14 @@ class Timings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        for name in ("start_grace_ms", "unresponsive_grace_ms", "mass_loss_min_nodes"):
+        for name in (
+            "start_grace_ms",
+            "unresponsive_grace_ms",
+            "mass_loss_min_nodes",
+            "defrag_max_moves",
+            "defrag_moves_across_fabrics",
+            "defrag_interval_ms",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if self.node_suspect_after_ms > self.node_lost_after_ms:

@@ -11,7 +11,8 @@ fabric, the per-model id counters, a bounded history of reaped ones, and what th
 look at (dirty replicas and models).
 
 Invariants: `by_model` holds exactly the live replicas; `pending` exactly the live unplaced ones;
-`per_fabric[model][f]` counts the live placed replicas of `model` in `f`; ids are never reused
+`per_fabric[model][f]` counts the live placed replicas of `model` in `f`, `per_node[model][n]`
+those with a shard on `n`; ids are never reused
 (`seq` only grows, and is written durably before an id is handed out).
 """
 
@@ -106,6 +107,7 @@ class ReplicaTable:
         self.adopting: set[ReplicaId] = set()
         self.seqs: dict[ModelName, int] = {}
         self._per_fabric: dict[ModelName, dict[FabricId, int]] = {}
+        self._per_node: dict[ModelName, dict[NodeId, int]] = {}
         self._reaped: deque[ReplicaId] = deque()
         # what the next tick must look at
         self.dirty: set[ReplicaId] = set()
@@ -127,6 +129,10 @@ class ReplicaTable:
         """Live placed replicas of `model` per fabric (kept up to date by bind and reap)."""
         return self._per_fabric.setdefault(model, {})
 
+    def per_node(self, model: ModelName) -> dict[NodeId, int]:
+        """Live placed replicas of `model` with a shard on each node (kept like `per_fabric`)."""
+        return self._per_node.setdefault(model, {})
+
     def track_model(self, model: ModelName) -> None:
         self.by_model.setdefault(model, {})
         self.dirty_models.add(model)
@@ -147,18 +153,17 @@ class ReplicaTable:
         elif rec.state is ReplicaState.ADOPTING:
             self.adopting.add(rec.id)
         if rec.placed and rec.fabric is not None:
-            self._count(rec.model, rec.fabric, +1)
+            self._count(rec, +1)
 
     def placed(self, rec: ReplicaRecord) -> None:
         """A pending replica was bound to its nodes."""
         del self.pending[rec.id]
-        assert rec.fabric is not None
-        self._count(rec.model, rec.fabric, +1)
+        self._count(rec, +1)
 
     def reaped(self, rec: ReplicaRecord) -> None:
         """A replica left for good: out of every index, kept in the bounded history."""
         if rec.fabric is not None and rec.placed:
-            self._count(rec.model, rec.fabric, -1)
+            self._count(rec, -1)
         self.adopting.discard(rec.id)
         self.unready.pop(rec.id, None)
         self.dirty.discard(rec.id)
@@ -169,6 +174,14 @@ class ReplicaTable:
         if len(self._reaped) > REAPED_KEPT:  # keep recent history, not all of it
             self.records.pop(self._reaped.popleft(), None)
 
-    def _count(self, model: ModelName, fabric: FabricId, delta: int) -> None:
-        per_fabric = self.per_fabric(model)
-        per_fabric[fabric] = per_fabric.get(fabric, 0) + delta
+    def _count(self, rec: ReplicaRecord, delta: int) -> None:
+        assert rec.fabric is not None
+        per_fabric = self.per_fabric(rec.model)
+        per_fabric[rec.fabric] = per_fabric.get(rec.fabric, 0) + delta
+        per_node = self.per_node(rec.model)
+        for node in rec.nodes:
+            left = per_node.get(node, 0) + delta
+            if left:
+                per_node[node] = left
+            else:
+                per_node.pop(node, None)

@@ -1,0 +1,245 @@
+"""Defragmentation on literal snapshots of the controller core: the plan, make-before-break,
+aborted moves, the rate limit and the off switch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from conftest import T, model, node, profile
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.defrag import Movable, plan_moves
+from llmgw_twin.core.model import (
+    Deployment,
+    FabricId,
+    NodeId,
+    ProfileName,
+    ReplicaId,
+    ReplicaState,
+    ShardReport,
+    ShardSpec,
+    ShardState,
+    Timings,
+    TraceEvent,
+)
+from llmgw_twin.core.placement import CapacityIndex
+from llmgw_twin.core.protocol import ApplyDeployment, ApplyProfile, Heartbeat, NodeRegistered, Step
+
+CHAT, BIG = model("chat"), model("big")
+
+
+def kinds(step: Step) -> list[str]:
+    return [e.kind for e in step.events]
+
+
+def report(spec: ShardSpec, state: ShardState) -> ShardReport:
+    endpoint = f"http://{spec.node}:{8000 + spec.gpus[0]}" if state is ShardState.SERVING else None
+    return ShardReport(spec, state, endpoint, None, ("engine", str(spec.rank)))
+
+
+def heartbeat_all(
+    ctl: Controller, now: int, exited: frozenset[ReplicaId] = frozenset()
+) -> list[TraceEvent]:
+    """Every node reports its assigned shards up (or exited, for `exited` replicas); the events
+    those reports caused."""
+    events: list[TraceEvent] = []
+    for n in ctl.nodes():
+        shards = tuple(
+            report(
+                s,
+                ShardState.EXITED
+                if s.replica in exited
+                else (ShardState.SERVING if s.rank == 0 else ShardState.RUNNING),
+            )
+            for s in ctl.assigned(n)
+        )
+        events += ctl.handle(Heartbeat(n, shards), now).events
+    return events
+
+
+def fleet(timings: Timings = T, chat: int = 3) -> Controller:
+    """ib-a: n1, n2, n3; ib-b: n4 (8 GPUs each); `chat` replicas of 1x4 ready, spread over
+    nodes and fabrics (n1, n2 and n4); a 2x8 deployment wanted at none yet."""
+    ctl = Controller(timings)
+    ctl.handle(ApplyProfile(profile("chat-1n", nodes=1, gpus=4)), 0)
+    ctl.handle(ApplyProfile(profile("big-2n", nodes=2, gpus=8)), 0)
+    ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat-1n"), chat)), 0)
+    ctl.handle(ApplyDeployment(Deployment(BIG, ProfileName("big-2n"), 0)), 0)
+    for name, fabric in (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-a"), ("n4", "ib-b")):
+        ctl.handle(NodeRegistered(node(name, fabric)), 0)
+    ctl.tick(1_000)
+    heartbeat_all(ctl, 2_000)
+    ctl.tick(3_000)
+    assert len(ctl.ready_replicas(CHAT)) == chat
+    return ctl
+
+
+def want_big(ctl: Controller, now: int) -> Step:
+    ctl.handle(ApplyDeployment(Deployment(BIG, ProfileName("big-2n"), 1)), now)
+    return ctl.tick(now)
+
+
+def test_a_move_is_make_before_break_and_makes_room_in_its_own_fabric() -> None:
+    ctl = fleet()
+    where = {r.id: r.nodes for r in ctl.ready_replicas(CHAT)}
+    assert sorted(where.values()) == [("n1",), ("n2",), ("n4",)]
+    step = want_big(ctl, 10_000)
+    assert kinds(step) == ["replica.unplaceable", "replica.moving", "replica.placed"]
+    moving = step.events[1]
+    original = moving.get("replica")
+    copy = ReplicaId(str(moving.get("to")))
+    assert moving.get("fabric") == "ib-a" and where[ReplicaId(str(original))] != ("n4",)
+    assert "room for big-r1" in str(moving.get("reason"))
+    assert ctl.moves() == {copy: original}
+    # the copy loads; the original still serves, and the deployment wants no more
+    ctl.tick(11_000)
+    assert len(ctl.ready_replicas(CHAT)) == 3
+    assert ctl.replica(ReplicaId(str(original))).state is ReplicaState.READY  # type: ignore[union-attr]
+    heartbeat_all(ctl, 12_000)
+    step = ctl.tick(13_000)
+    assert kinds(step) == [
+        "replica.ready",
+        "replica.moved",
+        "replica.reaped",
+        "replica.placed",
+    ]
+    assert step.events[0].get("replica") == copy
+    assert step.events[2].get("replica") == original
+    assert step.events[3].get("model") == "big" and step.events[3].get("fabric") == "ib-a"
+    assert len(ctl.ready_replicas(CHAT)) == 3 and ctl.moves() == {}
+    assert {r.fabric for r in ctl.live_replicas(CHAT)} == {"ib-a", "ib-b"}
+
+
+def test_a_copy_that_fails_aborts_its_move_and_the_original_stays() -> None:
+    ctl = fleet()
+    step = want_big(ctl, 10_000)
+    copy = ReplicaId(str(step.events[1].get("to")))
+    original = ReplicaId(str(step.events[1].get("replica")))
+    events = heartbeat_all(ctl, 12_000, exited=frozenset({copy}))
+    assert "replica.move_aborted" in [e.kind for e in events]
+    ctl.tick(13_000)
+    assert ctl.replica(original).state is ReplicaState.READY  # type: ignore[union-attr]
+    assert ctl.moves() == {}
+    assert len(ctl.ready_replicas(CHAT)) == 3
+    assert [r.state for r in ctl.live_replicas(BIG)] == [ReplicaState.PENDING]
+
+
+def test_an_original_that_fails_first_leaves_its_copy_as_its_replacement() -> None:
+    ctl = fleet()
+    step = want_big(ctl, 10_000)
+    copy = ReplicaId(str(step.events[1].get("to")))
+    original = ReplicaId(str(step.events[1].get("replica")))
+    events = heartbeat_all(ctl, 11_000, exited=frozenset({original}))
+    ctl.tick(11_000)
+    aborted = [e for e in events if e.kind == "replica.move_aborted"]
+    assert aborted and f"{copy} replaces it" in str(aborted[0].get("reason"))
+    # the copy counts now: no further replacement was created
+    assert sorted(r.id for r in ctl.live_replicas(CHAT) if not r.placed) == []
+    assert copy in {r.id for r in ctl.live_replicas(CHAT)}
+    assert len(ctl.live_replicas(CHAT)) == 3
+
+
+def test_an_original_scaled_down_takes_its_copy_with_it() -> None:
+    ctl = fleet()
+    step = want_big(ctl, 10_000)
+    copy = ReplicaId(str(step.events[1].get("to")))
+    original = ReplicaId(str(step.events[1].get("replica")))
+    ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat-1n"), 0)), 11_000)
+    ctl.tick(11_000)
+    assert ctl.live_replicas(CHAT) == []
+    assert ctl.replica(copy).state is ReplicaState.REAPED  # type: ignore[union-attr]
+    assert ctl.replica(original).state is ReplicaState.REAPED  # type: ignore[union-attr]
+    assert ctl.moves() == {}
+
+
+def test_defragmentation_is_off_at_zero_moves() -> None:
+    ctl = fleet(replace(T, defrag_max_moves=0))
+    step = want_big(ctl, 10_000)
+    assert kinds(step) == ["replica.unplaceable"]
+    for t in range(11_000, 200_000, 1_000):
+        heartbeat_all(ctl, t)
+        assert "replica.moving" not in kinds(ctl.tick(t))
+
+
+def test_a_second_defragmentation_waits_for_the_interval() -> None:
+    ctl = fleet(replace(T, defrag_interval_ms=120_000))
+    step = want_big(ctl, 10_000)
+    copy = ReplicaId(str(step.events[1].get("to")))
+    events = heartbeat_all(ctl, 12_000, exited=frozenset({copy}))
+    assert "replica.move_aborted" in [e.kind for e in events]
+    started = []
+    for t in range(14_000, 200_000, 1_000):
+        heartbeat_all(ctl, t)
+        if "replica.moving" in kinds(ctl.tick(t)):
+            started.append(t)
+            break
+    assert started == [10_000 + 120_000]
+
+
+def _index(*nodes: tuple[str, str]) -> CapacityIndex:
+    idx = CapacityIndex()
+    for name, fabric in nodes:
+        idx.add_node(node(name, fabric))
+        idx.set_schedulable(NodeId(name), True)
+    return idx
+
+
+def _running(idx: CapacityIndex, **where: str) -> list[Movable]:
+    """A 1x4 replica named by each key, on the first four GPUs of the node it names."""
+    out = []
+    for rid, n in where.items():
+        gpus = idx.free_gpus(NodeId(n))[:4]
+        idx.book(NodeId(n), gpus)
+        fabric = FabricId("ib-a" if n.startswith("a") else "ib-b")
+        small = profile("small", nodes=1, gpus=4)
+        out.append(Movable(ReplicaId(rid), small, fabric, ((NodeId(n), gpus),), frozenset()))
+    return out
+
+
+def test_the_plan_moves_within_a_fabric_before_it_moves_across() -> None:
+    wide = profile("wide", nodes=2, gpus=8)
+    order = [FabricId("ib-a"), FabricId("ib-b")]
+    idx = _index(("a1", "ib-a"), ("a2", "ib-a"), ("a3", "ib-a"), ("b1", "ib-b"))
+    movable = _running(idx, s1="a1", s2="a2")
+    plan = plan_moves(idx, wide, frozenset(), movable, 4, order, across=2)
+    assert plan is not None and len(plan.moves) == 1  # one small joins the other
+    assert plan.moves[0].to.fabric == "ib-a"  # b1 has room too, but the fabric comes first
+    assert plan.target.fabric == "ib-a" and len(set(plan.target.nodes) & {"a3"}) == 1
+
+
+def test_the_plan_moves_across_fabrics_only_when_allowed_and_needed() -> None:
+    wide = profile("wide", nodes=2, gpus=8)
+    order = [FabricId("ib-a"), FabricId("ib-b")]
+    idx = _index(("a1", "ib-a"), ("a2", "ib-a"), ("b1", "ib-b"))
+    movable = _running(idx, s1="a1", s2="a2")  # ib-a holds the wide one only if both leave
+    assert plan_moves(idx, wide, frozenset(), movable, 4, order, across=0) is None
+    assert plan_moves(idx, wide, frozenset(), movable, 4, order, across=1) is None
+    plan = plan_moves(idx, wide, frozenset(), movable, 4, order, across=2)
+    assert plan is not None and sorted(m.to.fabric for m in plan.moves) == ["ib-b", "ib-b"]
+    assert plan.target.nodes == ("a1", "a2")
+    # and never more moves than allowed
+    assert plan_moves(idx, wide, frozenset(), movable, 1, order, across=2) is None
+
+
+def test_a_plan_in_stages_puts_a_later_copy_where_an_earlier_original_was() -> None:
+    # a0 and a2 (4 GPUs) hold a 1x2 each, a1 (8 GPUs) a 1x4: a 1x8 needs a1. The 1x4 fits
+    # nowhere now; once one 1x2 has joined the other, it fits where that one was
+    idx = CapacityIndex()
+    for name, size in (("a0", 4), ("a1", 8), ("a2", 4)):
+        idx.add_node(node(name, "ib-a", size))
+        idx.set_schedulable(NodeId(name), True)
+    placed = {"s0": ("a0", 2), "s1": ("a2", 2), "s2": ("a1", 4)}
+    movable = []
+    for rid, (n, k) in placed.items():
+        taken = idx.free_gpus(NodeId(n))[:k]
+        idx.book(NodeId(n), taken)
+        p = profile(f"p{k}", nodes=1, gpus=k)
+        held = ((NodeId(n), taken),)
+        movable.append(Movable(ReplicaId(rid), p, FabricId("ib-a"), held, frozenset()))
+    whole = profile("whole", nodes=1, gpus=8)
+    plan = plan_moves(idx, whole, frozenset(), movable, 4, [FabricId("ib-a")])
+    assert plan is not None and plan.stages == 2
+    assert plan.target.nodes == ("a1",)
+    assert len(plan.moves) == 1 and plan.moves[0].replica in ("s0", "s1")
+    assert plan.moves[0].to.nodes == (("a2",) if plan.moves[0].replica == "s0" else ("a0",))
+    # one move is not enough
+    assert plan_moves(idx, whole, frozenset(), movable, 1, [FabricId("ib-a")]) is None
