@@ -243,3 +243,75 @@ def test_a_plan_in_stages_puts_a_later_copy_where_an_earlier_original_was() -> N
     assert plan.moves[0].to.nodes == (("a2",) if plan.moves[0].replica == "s0" else ("a0",))
     # one move is not enough
     assert plan_moves(idx, whole, frozenset(), movable, 1, [FabricId("ib-a")]) is None
+
+
+def test_a_move_waits_for_its_copy_to_be_routable_before_the_original_stops() -> None:
+    """A 2-node copy becomes whole from a worker's last report while that worker's node has
+    fallen silent: stopping the original then would trade a serving replica for none."""
+    x = model("x")
+    ctl = Controller(T)
+    ctl.handle(ApplyProfile(profile("x2", nodes=2, gpus=4, engine="sim2")), 0)
+    ctl.handle(ApplyDeployment(Deployment(x, ProfileName("x2"), 1)), 0)
+    for n in ("n1", "n2"):
+        ctl.handle(NodeRegistered(node(n, "ib-a", engines=("sim", "sim2"))), 0)
+    ctl.tick(1_000)
+    heartbeat_all(ctl, 2_000)
+    ctl.tick(3_000)
+    original = ctl.ready_replicas(x)[0].id
+    for n in ("m1", "m2"):  # room for x elsewhere, and only x can run there
+        ctl.handle(NodeRegistered(node(n, "ib-b", engines=("sim2",))), 4_000)
+    ctl.handle(ApplyProfile(profile("whole", nodes=1, gpus=8)), 5_000)
+    ctl.handle(ApplyDeployment(Deployment(model("whole"), ProfileName("whole"), 1)), 5_000)
+    step = ctl.tick(5_000)
+    assert "replica.moving" in kinds(step)
+    copy = next(iter(ctl.moves()))
+
+    def beat(n: str, t: int, up: bool) -> None:
+        shards = tuple(
+            report(
+                s,
+                (ShardState.SERVING if s.rank == 0 else ShardState.RUNNING)
+                if up
+                else ShardState.STARTING,
+            )
+            for s in ctl.assigned(NodeId(n))
+        )
+        ctl.handle(Heartbeat(NodeId(n), shards), t)
+
+    leader, worker = (s.node for s in ctl.replica(copy).specs)  # type: ignore[union-attr]
+    seen: list[str] = []
+    for t in range(6_000, 200_000, 1_000):
+        for n in ("n1", "n2"):
+            beat(n, t, True)
+        if t <= 8_000:
+            beat(worker, t, True)  # the worker is up, then its node goes silent
+        beat(leader, t, t >= 45_000)  # the leader serves only once the worker is suspect
+        seen += [e.kind for e in ctl.tick(t).events]
+        if ctl.replica(copy).state is ReplicaState.READY:  # type: ignore[union-attr]
+            assert ctl.replica(original).state is ReplicaState.READY  # type: ignore[union-attr]
+    assert "replica.moved" not in seen
+    # the copy's silent node was lost: the move was aborted and x still serves from the original
+    assert "replica.move_aborted" in seen
+    assert [r.id for r in ctl.ready_replicas(x)] == [original]
+
+
+def test_a_replica_laid_out_under_an_edited_profile_is_not_moved() -> None:
+    """Restored under a profile edited since it was placed, a replica keeps its old layout; a
+    copy laid out anew would be another shape, and one that never becomes whole."""
+    ctl = Controller(T)
+    ctl.handle(ApplyProfile(profile("chat", nodes=1, gpus=4, engine="sim2")), 0)
+    ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat"), 2)), 0)
+    for n in ("n1", "n2"):
+        ctl.handle(NodeRegistered(node(n, "ib-a", engines=("sim", "sim2"))), 0)
+    ctl.tick(1_000)
+    heartbeat_all(ctl, 2_000)
+    ctl.tick(3_000)
+    for n in ("m1", "m2"):  # a 2-node copy would fit here
+        ctl.handle(NodeRegistered(node(n, "ib-b", engines=("sim2",))), 4_000)
+    for rec in ctl.ready_replicas(CHAT):  # as a restore under the edited profile leaves them
+        rec.profile = profile("chat", nodes=2, gpus=4, engine="sim2")
+        rec.layout_shards = 1
+    ctl.handle(ApplyProfile(profile("whole", nodes=1, gpus=8)), 5_000)
+    ctl.handle(ApplyDeployment(Deployment(model("whole"), ProfileName("whole"), 1)), 5_000)
+    assert kinds(ctl.tick(5_000)) == ["replica.unplaceable"]
+    assert ctl.moves() == {}

@@ -307,6 +307,7 @@ class Controller:
             self._life.place_pending()
             self._defrag.due = True
         self._life.placement_due = False
+        self._defrag.settle()
         if self._replicas.pending:
             self._defrag.run()
         commands: list[ControllerCommand] = []

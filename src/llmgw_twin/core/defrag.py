@@ -65,6 +65,8 @@ class Movable:
     """Where its shards are: node and GPUs per rank."""
     excluded: frozenset[NodeId]
     """Nodes its profile must not go to (quarantined, not heard since a failure)."""
+    crowded: frozenset[NodeId] = frozenset()
+    """Nodes holding another replica of its deployment: its copy goes elsewhere if it can."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +97,20 @@ def _pick(
     nodes: Sequence[NodeId],
     ok: Callable[[NodeId], bool],
     prefer: dict[NodeId, set[int]] | None = None,
+    crowded: frozenset[NodeId] = frozenset(),
+    home: frozenset[NodeId] = frozenset(),
 ) -> list[tuple[NodeId, tuple[int, ...]]] | None:
-    """Nodes and GPUs for one replica in `free`: the tightest nodes, or (with `prefer`) those
-    offering the most preferred GPUs first, taken before the others."""
+    """Nodes and GPUs for one replica in `free`: those offering the most `prefer`red GPUs (taken
+    before the others), then the tightest; among equals, not a moved replica's own (`home`),
+    then not one holding another replica of its deployment (`crowded`), then by name."""
     want = prefer or {}
     fits = [n for n in nodes if len(free[n]) >= shape.gpus and ok(n)]
     if len(fits) < shape.nodes:
         return None
 
-    def key(n: NodeId) -> tuple[int, int, str]:
+    def key(n: NodeId) -> tuple[int, int, bool, bool, str]:
         preferred = min(len(want.get(n, set()).intersection(free[n])), shape.gpus)
-        return (-preferred, len(free[n]), n)
+        return (-preferred, len(free[n]), n in home, n in crowded, n)
 
     chosen = sorted(fits, key=key)[: shape.nodes]
     out = []
@@ -325,11 +330,19 @@ class _Planner:
         def fits(n: NodeId) -> bool:
             return n not in m.excluded and self.index.can_run(n, own)
 
-        return _pick(own, free, nodes, fits)
+        home = frozenset(n for n, _ in m.gpus)
+        return _pick(own, free, nodes, fits, crowded=m.crowded, home=home)
 
 
 def _placement(fabric: FabricId, got: Sequence[tuple[NodeId, tuple[int, ...]]]) -> Placement:
     return Placement(fabric, tuple(n for n, _ in got), tuple(g for _, g in got))
+
+
+def _laid_out_as_profiled(rec: ReplicaRecord) -> bool:
+    """A replica restored under a profile edited since it was placed keeps its old layout; its
+    copy would be laid out anew, so such a replica is not moved."""
+    p = rec.profile
+    return rec.shard_count == p.nodes and all(len(s.gpus) == p.gpus_per_node for s in rec.specs)
 
 
 class Defragmenter:
@@ -365,9 +378,23 @@ class Defragmenter:
 
     def ready(self, rec: ReplicaRecord) -> None:
         self.due = True  # one more replica that could be moved
-        original = self._copies.pop(rec.id, None)
-        if original is None:
+        if rec.id in self._copies:
+            self._complete(rec)
+
+    def settle(self) -> None:
+        """Complete every move whose copy is ready and routable by now (one whose node turned
+        suspect when it became ready waits until it is heard again)."""
+        for copy in sorted(self._copies):
+            rec = self._life.replicas.get(copy)
+            if rec is not None and rec.state is ReplicaState.READY:
+                self._complete(rec)
+
+    def _complete(self, rec: ReplicaRecord) -> None:
+        """The copy is ready: its original stops now, unless the copy cannot be routed to (a
+        node suspect, or not heard alive), which would trade a serving replica for none."""
+        if rec.unroutable or not all(self._node_ok(n) for n in rec.nodes):
             return
+        original = self._copies.pop(rec.id)
         del self._originals[original]
         old = self._life.replicas[original]
         self._life.out.emit(
@@ -384,12 +411,14 @@ class Defragmenter:
         original = self._copies.pop(rec.id, None)
         if original is not None:  # the copy never became ready: the original stays
             del self._originals[original]
-            self._aborted(rec.model, original, rec.id, f"{rec.id} did not become ready")
+            self._stages_left = 0
+            self._aborted(rec.model, original, rec.id, f"{rec.id} failed before the move was done")
             return
         copy = self._originals.pop(rec.id, None)
         if copy is None:
             return
         del self._copies[copy]
+        self._stages_left = 0
         if scaled_down:
             self._aborted(rec.model, rec.id, copy, f"{rec.id} scaled down")
             self._life.reap(self._life.replicas[copy], "scaled down")
@@ -420,8 +449,10 @@ class Defragmenter:
             if (r := life.replicas[rid]).unplaceable_reason is not None and r.not_before_ms <= now
         ]
         if not stuck:
+            self._stages_left = 0
             return
         movable = self._movable()
+        blocked = False
         tries = [0]
         seen: set[tuple[Shape, frozenset[NodeId]]] = set()
         for rec in sorted(stuck, key=gang_order):
@@ -446,17 +477,18 @@ class Defragmenter:
             if plan is None:
                 continue
             if waiting and plan.stages > self._stages_left:
-                # not the rest of the plan under way: a new one waits for the interval
-                self._stages_left = 0
-                self.due = True
-                return
+                blocked = True  # not the rest of the plan under way: it waits for the interval
+                continue
             self._start(rec, plan)
             if not waiting:
                 self._next_ms = now + life.timings.defrag_interval_ms
             self._stages_left = plan.stages - 1
             return
-        # nothing found: wait for a change, and no sooner than a heartbeat from now
         self._stages_left = 0
+        if blocked:
+            self.due = True  # a plan exists: it starts once the interval has passed
+            return
+        # nothing found: wait for a change, and no sooner than a heartbeat from now
         self._next_ms = max(self._next_ms, now + life.timings.heartbeat_interval_ms)
 
     def _movable(self) -> list[Movable]:
@@ -469,8 +501,12 @@ class Defragmenter:
                 or rec.fabric is None
                 or rec.id in self._originals
                 or not all(self._node_ok(n) for n in rec.nodes)
+                or not _laid_out_as_profiled(rec)
             ):
                 continue
+            per_node = life.replicas.per_node(rec.model)
+            mine = set(rec.nodes)
+            crowded = frozenset(n for n, c in per_node.items() if c > (n in mine))
             out.append(
                 Movable(
                     rec.id,
@@ -478,6 +514,7 @@ class Defragmenter:
                     rec.fabric,
                     tuple((s.node, s.gpus) for s in rec.specs),
                     life.failures.excluded(rec.profile.name),
+                    crowded,
                 )
             )
         return out
@@ -493,7 +530,6 @@ class Defragmenter:
         for move in plan.moves:
             old = life.replicas[move.replica]
             copy = life.new_record(old.model, old.profile)
-            copy.layout_shards = old.shard_count
             self._copies[copy.id] = old.id
             self._originals[old.id] = copy.id
             life.out.emit(

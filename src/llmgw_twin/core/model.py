@@ -134,18 +134,18 @@ class Timings:
     """How long a leader may fail its probes (out of routing meanwhile) before its replica is
     failed and replaced."""
     forget_lost_after_ms: int = 86_400_000
-    # defragmentation
+    """A node lost this long (and holding nothing) is forgotten: a decommissioned node does not
+    stay in the registry forever. If it comes back, it joins as a new node."""
+    # defragmentation (docs/placement.md)
     defrag_max_moves: int = 4
     """The most running replicas one defragmentation moves to make room for an unplaceable
-    one (each make-before-break, within its fabric); 0 switches defragmentation off."""
+    one (each make-before-break); 0 switches defragmentation off."""
     defrag_moves_across_fabrics: int = 2
     """Of one defragmentation's moves, how many may take a replica to another fabric (wholly:
     no replica ever spans two) when no plan within fabrics exists; 0 keeps every move in its
     fabric."""
     defrag_interval_ms: int = 60_000
     """The least time between the starts of two defragmentations."""
-    """A node lost this long (and holding nothing) is forgotten: a decommissioned node does not
-    stay in the registry forever. If it comes back, it joins as a new node."""
 
     def __post_init__(self) -> None:
         for name in (

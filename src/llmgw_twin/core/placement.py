@@ -82,7 +82,7 @@ class CapacityIndex:
         free = [g for g in range(info.gpus) if old is None or g not in old.failed]
         cap = _NodeCapacity(info, free)
         if old is not None:
-            cap.failed = set(old.failed)
+            cap.failed = {g for g in old.failed if g < info.gpus}
             cap.booked = {g for g in old.booked if g < info.gpus}
             cap.free = [g for g in free if g not in cap.booked]
             cap.link_up = old.link_up

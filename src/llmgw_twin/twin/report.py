@@ -25,6 +25,7 @@ _ORDER = (
     "fabric",
     "model",
     "replica",
+    "to",
     "rank",
     "replicas",
 )
