@@ -1,0 +1,233 @@
+"""The twin's cost in steady state, side by side with bare SimPy running the same heartbeat
+pattern, and the control core's own cost, in one run.
+
+    .venv/bin/python benchmarks/twin.py [--nodes 100,1000,10000] [--virtual 10m,1h,24h]
+                                        [--repeats 3] [--budget 120]
+
+1. A steady fleet (8-GPU nodes in fabrics of 100, 95% of the GPUs held by 2-node replicas, no
+   faults) for each size and virtual time: the twin's wall time, min and median of the repeats,
+   against bare SimPy on exactly the twin's heartbeat pattern: every node beats at a seeded
+   phase in (0, interval], each beat is delivered after the control latency (2 ms), and a 1 s
+   reconcile tick runs; no control logic. Printed with the ratio and the speed over real time.
+   A run whose estimate (from the last smaller run of the same size) exceeds `--budget`
+   seconds is skipped and its estimate printed.
+2. The control core alone at 1,000 and 10,000 nodes: one steady tick, one placement, and the
+   placement of a whole fleet's worth of replicas.
+3. Peak memory per node of the twin run (tracemalloc, 10 minutes virtual, once per size).
+4. How each cost grows from one size to the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import simpy
+
+from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.model import (
+    Deployment,
+    ModelName,
+    NodeId,
+    ProfileName,
+    ShardReport,
+    ShardState,
+    Timings,
+)
+from llmgw_twin.core.protocol import ApplyDeployment, ApplyProfile, Heartbeat, NodeRegistered
+from llmgw_twin.twin.runner import run_scenario
+from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.units import fmt_duration, parse_duration
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fleet import fleet_scenario
+
+CONTROL_LATENCY_MS = 2
+"""Node to management switch to controller, as the twin's network has it."""
+
+
+def steady(nodes: int, virtual_ms: int) -> Scenario:
+    scenario = fleet_scenario(nodes, max(1, virtual_ms // 60_000))
+    return replace(scenario, faults=(), duration_ms=virtual_ms)
+
+
+def twin_seconds(scenario: Scenario) -> float:
+    start = time.perf_counter()
+    result = run_scenario(scenario)
+    took = time.perf_counter() - start
+    assert result.passed, "the steady fleet must pass its invariants"
+    return took
+
+
+def bare_seconds(nodes: int, virtual_ms: int, timings: Timings, seed: int) -> float:
+    """Bare SimPy, the same pattern: seeded phases, one delivery per beat, a 1 s tick."""
+    env = simpy.Environment()
+    rng = random.Random(seed)
+    interval = timings.heartbeat_interval_ms
+
+    def delivered(_ev: simpy.Event) -> None:
+        return None
+
+    def node(phase: int) -> simpy.events.ProcessGenerator:
+        yield env.timeout(phase)
+        while True:
+            env.timeout(CONTROL_LATENCY_MS).callbacks.append(delivered)
+            yield env.timeout(interval)
+
+    def tick() -> simpy.events.ProcessGenerator:
+        while True:
+            yield env.timeout(timings.reconcile_interval_ms)
+
+    for _ in range(nodes):
+        env.process(node(rng.randrange(1, interval + 1)))
+    env.process(tick())
+    start = time.perf_counter()
+    env.run(until=virtual_ms + 1)
+    return time.perf_counter() - start
+
+
+def repeat(fn: Callable[[], float], times: int) -> tuple[float, float]:
+    runs = [fn() for _ in range(times)]
+    return min(runs), statistics.median(runs)
+
+
+def fleet_rows(sizes: list[int], virtuals: list[int], repeats: int, budget: float) -> None:
+    print("steady fleet: twin against bare SimPy on the same heartbeat pattern")
+    print(
+        f"{'nodes':>7} {'virtual':>8} {'twin min / median':>22} {'bare min / median':>22} "
+        f"{'twin/bare':>9} {'x real time':>12}"
+    )
+    for nodes in sizes:
+        per_virtual_ms: float | None = None  # twin seconds per virtual ms, last run of this size
+        previous: float | None = None
+        for virtual in virtuals:
+            label = fmt_duration(virtual)
+            if per_virtual_ms is not None and per_virtual_ms * virtual * repeats > budget:
+                estimate = per_virtual_ms * virtual
+                print(f"{nodes:>7} {label:>8}   skipped: about {estimate:.0f} s a run")
+                continue
+            scenario = steady(nodes, virtual)
+            twin = repeat(partial(twin_seconds, scenario), repeats)
+            bare = repeat(
+                partial(bare_seconds, nodes, virtual, scenario.timings, scenario.seed), repeats
+            )
+            growth = f" (x{twin[0] / previous:.1f} over the last)" if previous else ""
+            print(
+                f"{nodes:>7} {label:>8} {twin[0]:>9.2f} s / {twin[1]:>7.2f} s "
+                f"{bare[0]:>9.2f} s / {bare[1]:>7.2f} s {twin[0] / bare[0]:>9.1f} "
+                f"{virtual / 1000 / twin[0]:>11.0f}x{growth}"
+            )
+            per_virtual_ms = twin[0] / virtual
+            previous = twin[0]
+    print()
+
+
+def up_reports(ctl: Controller, node: NodeId) -> tuple[ShardReport, ...]:
+    return tuple(
+        ShardReport(
+            s,
+            ShardState.SERVING if s.rank == 0 else ShardState.RUNNING,
+            f"http://{s.node}:{8000 + s.gpus[0]}" if s.rank == 0 else None,
+            None,
+            (),
+        )
+        for s in ctl.assigned(node)
+    )
+
+
+def core_rows(sizes: list[int], repeats: int) -> None:
+    print("control core alone (min / median)")
+    print(f"{'nodes':>7} {'steady tick':>20} {'one placement':>20} {'whole fleet placed':>22}")
+    for nodes in sizes:
+        rows = core_row(nodes, repeats)
+        print(
+            f"{nodes:>7} "
+            + " ".join(f"{ms(a):>9} / {ms(b):>8}" for a, b in rows[:2])
+            + f" {ms(rows[2][0]):>10} / {ms(rows[2][1]):>9}"
+        )
+    print()
+
+
+def core_row(nodes: int, repeats: int) -> list[tuple[float, float]]:
+    scenario = fleet_scenario(nodes, 10)
+    profile = scenario.profiles[0]
+    want = scenario.deployments[0].replicas
+
+    def fleet(replicas: int) -> Controller:
+        ctl = Controller(scenario.timings)
+        ctl.handle(ApplyProfile(profile), 0)
+        ctl.handle(ApplyDeployment(Deployment(ModelName("m"), profile.name, replicas)), 0)
+        for info in scenario.nodes:
+            ctl.handle(NodeRegistered(info), 0)
+        return ctl
+
+    def whole() -> float:
+        ctl = fleet(want)
+        start = time.perf_counter()
+        ctl.tick(1_000)
+        return time.perf_counter() - start
+
+    placed = fleet(want)
+    placed.tick(1_000)
+    for info in scenario.nodes:
+        placed.handle(Heartbeat(info.node, up_reports(placed, info.node)), 2_000)
+    placed.tick(3_000)
+    clock = [3_000]
+
+    def steady_tick() -> float:
+        clock[0] += 1_000
+        start = time.perf_counter()
+        placed.tick(clock[0])
+        return time.perf_counter() - start
+
+    def one() -> float:
+        clock[0] += 1_000
+        name = ModelName(f"one-{clock[0]}")
+        placed.handle(ApplyDeployment(Deployment(name, ProfileName(profile.name), 1)), 0)
+        start = time.perf_counter()
+        placed.tick(clock[0])
+        return time.perf_counter() - start
+
+    return [repeat(fn, repeats) for fn in (steady_tick, one, whole)]
+
+
+def memory_rows(sizes: list[int]) -> None:
+    print("peak memory of a 10-minute twin run (tracemalloc)")
+    for nodes in sizes:
+        tracemalloc.start()
+        run_scenario(steady(nodes, 600_000))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        print(f"{nodes:>7} nodes: {peak / 2**20:8.1f} MiB, {peak / nodes / 1024:6.1f} KiB per node")
+    print()
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="100,1000,10000")
+    parser.add_argument("--virtual", default="10m,1h,24h")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=120.0)
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.nodes.split(",")]
+    virtuals = [parse_duration(v) for v in args.virtual.split(",")]
+    fleet_rows(sizes, virtuals, args.repeats, args.budget)
+    core_rows([n for n in sizes if n >= 1000], args.repeats)
+    memory_rows([n for n in sizes if n <= 1000])
+
+
+if __name__ == "__main__":
+    main()
