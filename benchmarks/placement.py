@@ -8,7 +8,7 @@ placement comes to the optimum, side by side with the greedy placer it replaced
    to 8 GPUs, 20 deployments) on fleets of 8-GPU nodes in fabrics of 32: whole-set placement
    (`passes.plan_pass`, then booking) against the greedy placer, min and median of the repeats,
    and the growth from one size to the next.
-2. One defragmentation plan (`defrag.plan_moves`) on a fleet where every node holds a 1x4
+2. One defragmentation plan (`defrag_plan.plan_moves`) on a fleet where every node holds a 1x4
    replica and a 2x8 one is pending: two moves make room, found among every fabric's replicas.
 3. The random instances of the placement oracle (tests/helpers/placement_oracle.py) placed all
    at once: placed GPUs against the CP-SAT optimum, whole-set placement and greedy on the same
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from llmgw_twin.core.defrag import Movable, plan_moves
+from llmgw_twin.core.defrag_plan import Movable, plan_moves
 from llmgw_twin.core.model import (
     EngineName,
     FabricId,

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from conftest import T, model, node, profile
 from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.defrag import Movable, plan_moves
+from llmgw_twin.core.defrag_plan import Movable, plan_moves
 from llmgw_twin.core.model import (
     Deployment,
     FabricId,
@@ -315,3 +315,23 @@ def test_a_replica_laid_out_under_an_edited_profile_is_not_moved() -> None:
     ctl.handle(ApplyDeployment(Deployment(model("whole"), ProfileName("whole"), 1)), 5_000)
     assert kinds(ctl.tick(5_000)) == ["replica.unplaceable"]
     assert ctl.moves() == {}
+
+
+def test_the_room_a_move_makes_is_held_for_its_target() -> None:
+    """While the moves run, a replica deployed after them does not take the free GPUs the
+    target is to use; when the moves are done the target is placed in that step."""
+    ctl = fleet()
+    step = want_big(ctl, 10_000)
+    target = next(e for e in step.events if e.kind == "replica.moving").get("reason")
+    assert "on n1, n3 in ib-a" in str(target)  # n3 is free now, n1 once chat leaves it
+    ctl.handle(ApplyProfile(profile("wide", nodes=1, gpus=8)), 11_000)
+    ctl.handle(ApplyDeployment(Deployment(model("wide"), ProfileName("wide"), 1)), 11_000)
+    step = ctl.tick(11_000)
+    assert "replica.placed" not in kinds(step)  # n3 is held: nothing else fits
+    heartbeat_all(ctl, 12_000)
+    step = ctl.tick(13_000)
+    placed = [e for e in step.events if e.kind == "replica.placed"]
+    assert [(e.get("model"), e.get("nodes")) for e in placed] == [("big", ("n1", "n3"))]
+    # and once the move is over, nothing stays held: the capacity is all accounted for
+    held = {n: ctl.booked_gpus(NodeId(n)) for n in ("n1", "n3")}
+    assert held == {"n1": tuple(range(8)), "n3": tuple(range(8))}

@@ -14,8 +14,9 @@ Invariants (`ControlPlane.all_invariants_hold`):
   registry and by where the nodes really are;
 - fits: no live replica sits on a GPU its node does not have or that the controller knows failed,
   and no GPU is booked for two live replicas;
-- books_balance: the controller's capacity index books exactly the live replicas' GPUs and offers
-  exactly the rest, and each node's assignment is exactly the live replicas' shards there;
+- books_balance: the controller's capacity index books exactly the live replicas' GPUs (and
+  those a defragmentation holds for its target) and offers exactly the rest, and each node's
+  assignment is exactly the live replicas' shards there;
 - gpu_exclusive: no GPU on a node is held by two engine processes at once (ground truth,
   counting processes whose stop has not completed);
 - store_matches: the store's replicas are exactly the controller's live placed replicas (ids,
@@ -703,7 +704,8 @@ class ControlPlane(RuleBasedStateMachine):
             info = self.ctl.node_info(name)
             assert info is not None
             mine = [s for r in self._live_placed() for s in r.specs if s.node == name]
-            booked = {g for s in mine for g in s.gpus}
+            held = set(self.ctl.held_gpus().get(name, ()))  # room a defragmentation makes
+            booked = {g for s in mine for g in s.gpus} | held
             failed = set(self.ctl.failed_gpus(name))
             assert set(capacity.booked_gpus(name)) == booked, (
                 f"books_balance: {name} has GPUs {sorted(capacity.booked_gpus(name))} booked, "

@@ -154,6 +154,10 @@ class Controller:
     def failed_gpus(self, node: NodeId) -> tuple[int, ...]:
         return self._capacity.failed_gpus(node)
 
+    def booked_gpus(self, node: NodeId) -> tuple[int, ...]:
+        """GPUs of `node` held by a replica, or for one a defragmentation is making room for."""
+        return self._capacity.booked_gpus(node) if self._capacity.has_node(node) else ()
+
     def quarantines(self) -> list[tuple[NodeId, ProfileName, int, str]]:
         rows = self._failures.quarantines
         return [(q.node, q.profile, q.until_ms, q.reason) for _, q in sorted(rows.items())]
@@ -164,6 +168,10 @@ class Controller:
     def moves(self) -> dict[ReplicaId, ReplicaId]:
         """Defragmentation moves in flight: new copy -> the replica it replaces."""
         return self._defrag.in_flight
+
+    def held_gpus(self) -> dict[NodeId, tuple[int, ...]]:
+        """GPUs a defragmentation holds for the replica it makes room for, per node."""
+        return self._defrag.held
 
     # --- inputs ------------------------------------------------------------------------------
 
