@@ -11,7 +11,9 @@ from llmgw_twin.core.defrag_plan import Movable, plan_moves
 from llmgw_twin.core.model import (
     Deployment,
     FabricId,
+    ModelName,
     NodeId,
+    Profile,
     ProfileName,
     ReplicaId,
     ReplicaState,
@@ -245,21 +247,29 @@ def test_a_plan_in_stages_puts_a_later_copy_where_an_earlier_original_was() -> N
     assert plan_moves(idx, whole, frozenset(), movable, 1, [FabricId("ib-a")]) is None
 
 
-def test_a_move_waits_for_its_copy_to_be_routable_before_the_original_stops() -> None:
-    """A 2-node copy becomes whole from a worker's last report while that worker's node has
-    fallen silent: stopping the original then would trade a serving replica for none."""
-    x = model("x")
+def sim2_fleet(name: ModelName, p: Profile, replicas: int) -> Controller:
+    """n1 and n2 (ib-a) run `sim` and `sim2`; `replicas` of `p` (a sim2 profile) are ready
+    there; then m1 and m2 (ib-b) join, running sim2 only: room for those replicas' copies and
+    for nothing else."""
     ctl = Controller(T)
-    ctl.handle(ApplyProfile(profile("x2", nodes=2, gpus=4, engine="sim2")), 0)
-    ctl.handle(ApplyDeployment(Deployment(x, ProfileName("x2"), 1)), 0)
+    ctl.handle(ApplyProfile(p), 0)
+    ctl.handle(ApplyDeployment(Deployment(name, p.name, replicas)), 0)
     for n in ("n1", "n2"):
         ctl.handle(NodeRegistered(node(n, "ib-a", engines=("sim", "sim2"))), 0)
     ctl.tick(1_000)
     heartbeat_all(ctl, 2_000)
     ctl.tick(3_000)
-    original = ctl.ready_replicas(x)[0].id
-    for n in ("m1", "m2"):  # room for x elsewhere, and only x can run there
+    for n in ("m1", "m2"):
         ctl.handle(NodeRegistered(node(n, "ib-b", engines=("sim2",))), 4_000)
+    return ctl
+
+
+def test_a_move_waits_for_its_copy_to_be_routable_before_the_original_stops() -> None:
+    """A 2-node copy becomes whole from a worker's last report while that worker's node has
+    fallen silent: stopping the original then would trade a serving replica for none."""
+    x = model("x")
+    ctl = sim2_fleet(x, profile("x2", nodes=2, gpus=4, engine="sim2"), 1)
+    original = ctl.ready_replicas(x)[0].id
     ctl.handle(ApplyProfile(profile("whole", nodes=1, gpus=8)), 5_000)
     ctl.handle(ApplyDeployment(Deployment(model("whole"), ProfileName("whole"), 1)), 5_000)
     step = ctl.tick(5_000)
@@ -298,16 +308,7 @@ def test_a_move_waits_for_its_copy_to_be_routable_before_the_original_stops() ->
 def test_a_replica_laid_out_under_an_edited_profile_is_not_moved() -> None:
     """Restored under a profile edited since it was placed, a replica keeps its old layout; a
     copy laid out anew would be another shape, and one that never becomes whole."""
-    ctl = Controller(T)
-    ctl.handle(ApplyProfile(profile("chat", nodes=1, gpus=4, engine="sim2")), 0)
-    ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat"), 2)), 0)
-    for n in ("n1", "n2"):
-        ctl.handle(NodeRegistered(node(n, "ib-a", engines=("sim", "sim2"))), 0)
-    ctl.tick(1_000)
-    heartbeat_all(ctl, 2_000)
-    ctl.tick(3_000)
-    for n in ("m1", "m2"):  # a 2-node copy would fit here
-        ctl.handle(NodeRegistered(node(n, "ib-b", engines=("sim2",))), 4_000)
+    ctl = sim2_fleet(CHAT, profile("chat", nodes=1, gpus=4, engine="sim2"), 2)
     for rec in ctl.ready_replicas(CHAT):  # as a restore under the edited profile leaves them
         rec.profile = profile("chat", nodes=2, gpus=4, engine="sim2")
         rec.layout_shards = 1
