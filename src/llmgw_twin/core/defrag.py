@@ -54,6 +54,8 @@ class Defragmenter:
         self._copies: dict[ReplicaId, ReplicaId] = {}  # copy -> original
         self._originals: dict[ReplicaId, ReplicaId] = {}  # original -> copy
         self._held: list[tuple[NodeId, tuple[int, ...]]] = []
+        self._target: ReplicaId | None = None
+        """The pending replica the moves under way make room for."""
         """GPUs free when the moves began that the target is to take: held for it meanwhile."""
         self._next_ms = 0
         self._stages_left = 0
@@ -76,6 +78,9 @@ class Defragmenter:
 
     def is_copy(self, rid: ReplicaId) -> bool:
         return rid in self._copies
+
+    def making_room_for(self, rid: ReplicaId) -> bool:
+        return rid == self._target
 
     def ready(self, rec: ReplicaRecord) -> None:
         self.due = True  # one more replica that could be moved
@@ -118,6 +123,7 @@ class Defragmenter:
         if self._held:
             self._life.placement_due = True
         self._held = []
+        self._target = None
 
     def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
         original = self._copies.pop(rec.id, None)
@@ -256,6 +262,7 @@ class Defragmenter:
                 reason=reason,
             )
             life.bind(copy, move.to)
+        self._target = target.id
         for node, gpus in zip(plan.target.nodes, plan.target.gpus, strict=True):
             free_now = set(life.capacity.free_gpus(node)).intersection(gpus)
             if free_now:  # nothing else is placed there while the moves run

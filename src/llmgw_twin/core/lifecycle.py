@@ -59,6 +59,10 @@ class MoveHooks(Protocol):
         """A move's new copy: it does not count toward its deployment while its original lives."""
         ...
 
+    def making_room_for(self, rid: ReplicaId) -> bool:
+        """Moves under way make room for this pending replica (its room is held meanwhile)."""
+        ...
+
     def ready(self, rec: ReplicaRecord) -> None: ...
 
     def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None: ...
@@ -66,6 +70,9 @@ class MoveHooks(Protocol):
 
 class _NoMoves:
     def is_copy(self, rid: ReplicaId) -> bool:
+        return False
+
+    def making_room_for(self, rid: ReplicaId) -> bool:
         return False
 
     def ready(self, rec: ReplicaRecord) -> None:
@@ -233,7 +240,8 @@ class Lifecycle:
         for rec, result in plan_pass(self.capacity, todo, self.replicas, self.failures.excluded):
             if isinstance(result, Placement):
                 self.bind(rec, result)
-            elif result.reason != rec.unplaceable_reason:
+            elif result.reason != rec.unplaceable_reason and not self.moves.making_room_for(rec.id):
+                # (while moves make its room, its reason only says the room is held: not news)
                 rec.unplaceable_reason = result.reason
                 self.out.emit(
                     "replica.unplaceable", model=rec.model, replica=rec.id, reason=result.reason
