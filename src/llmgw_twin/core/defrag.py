@@ -53,10 +53,10 @@ class Defragmenter:
         self._may_run = may_run
         self._copies: dict[ReplicaId, ReplicaId] = {}  # copy -> original
         self._originals: dict[ReplicaId, ReplicaId] = {}  # original -> copy
-        self._held: list[tuple[NodeId, tuple[int, ...]]] = []
+        self._held: dict[NodeId, tuple[int, ...]] = {}
+        """GPUs free when the moves began that the target is to take: held for it meanwhile."""
         self._target: ReplicaId | None = None
         """The pending replica the moves under way make room for."""
-        """GPUs free when the moves began that the target is to take: held for it meanwhile."""
         self._next_ms = 0
         self._stages_left = 0
         """Stages the plan under way still has: they go on without waiting for the interval."""
@@ -118,32 +118,35 @@ class Defragmenter:
     def _release(self) -> None:
         """The moves are over (done or broken): what was held for the target is free again, to
         be placed in this very step."""
-        for node, gpus in self._held:
+        for node, gpus in self._held.items():
             self._life.capacity.release(node, gpus)
         if self._held:
             self._life.placement_due = True
-        self._held = []
+        self._held = {}
         self._target = None
 
     def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
         original = self._copies.pop(rec.id, None)
         if original is not None:  # the copy never became ready: the original stays
             del self._originals[original]
-            self._stages_left = 0
+            self._broken()
             self._aborted(rec.model, original, rec.id, f"{rec.id} failed before the move was done")
-            self._release()
             return
         copy = self._originals.pop(rec.id, None)
         if copy is None:
             return
         del self._copies[copy]
-        self._stages_left = 0
-        self._release()
+        self._broken()
         if scaled_down:
             self._aborted(rec.model, rec.id, copy, f"{rec.id} scaled down")
             self._life.reap(self._life.replicas[copy], "scaled down")
         else:  # the original failed first: its copy replaces it
             self._aborted(rec.model, rec.id, copy, f"{rec.id} failed; {copy} replaces it")
+
+    def _broken(self) -> None:
+        """A move was aborted: the plan is void, its later stages with it."""
+        self._stages_left = 0
+        self._release()
 
     def _aborted(self, model: str, original: ReplicaId, copy: ReplicaId, reason: str) -> None:
         self._life.out.emit(
@@ -266,6 +269,5 @@ class Defragmenter:
         for node, gpus in zip(plan.target.nodes, plan.target.gpus, strict=True):
             free_now = set(life.capacity.free_gpus(node)).intersection(gpus)
             if free_now:  # nothing else is placed there while the moves run
-                held = tuple(sorted(free_now))
-                life.capacity.book(node, held)
-                self._held.append((node, held))
+                self._held[node] = tuple(sorted(free_now))
+                life.capacity.book(node, self._held[node])

@@ -53,7 +53,7 @@ class Movable:
 class Move:
     replica: ReplicaId
     to: Placement
-    """Where its new copy goes (in the replica's own fabric)."""
+    """Where its new copy goes (its own fabric unless the plan moves it across)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +258,7 @@ class _Planner:
         stages: list[tuple[Move, ...]] = []
         while waiting:
             stage: list[Move] = []
+            moved: list[Movable] = []
             still: list[Movable] = []
             for m in waiting:
                 placed = self._place_copy(m, fabric, fabric_order, leave, scratch)
@@ -266,15 +267,14 @@ class _Planner:
                     continue
                 leave -= placed.fabric != fabric
                 stage.append(Move(m.id, placed))
+                moved.append(m)
             if not stage:
                 return None
             stages.append(tuple(stage))
             # once this stage's copies are ready its originals stop: their GPUs come free,
             # less those the target is to take
             home = scratch[fabric]
-            for m in waiting:
-                if m in still:
-                    continue
+            for m in moved:
                 for node, gpus in m.gpus:
                     kept = reserved.get(node, set())
                     home[node] = sorted({*home[node], *(g for g in gpus if g not in kept)})

@@ -86,7 +86,6 @@ class CapacityIndex:
             cap.booked = {g for g in old.booked if g < info.gpus}
             cap.free = [g for g in free if g not in cap.booked]
             cap.link_up = old.link_up
-        if old is not None:
             self._members[old.info.fabric].discard(info.node)
         self._nodes[info.node] = cap
         self._members.setdefault(info.fabric, set()).add(info.node)
@@ -281,11 +280,11 @@ class CapacityIndex:
     ) -> tuple[int, int, tuple[int, ...]]:
         """`_fit` for a fabric holding excluded nodes: counted node by node."""
         frees = sorted(
-            len(c.free)
+            free
             for n in self.nodes_of(fabric)
             if n not in excluded
             and self.can_run(n, shape)
-            and len((c := self._nodes[n]).free) >= shape.gpus
+            and (free := len(self._nodes[n].free)) >= shape.gpus
         )
         tightest = tuple(frees[: shape.nodes])
         return len(frees), sum(v - shape.gpus for v in tightest), tightest
@@ -310,8 +309,7 @@ class CapacityIndex:
             if fast is not None:
                 nodes = self._choose(fast, shape, excluded, spread, None)
                 if nodes is not None:
-                    gpus = tuple(tuple(self._nodes[n].free[: shape.gpus]) for n in nodes)
-                    return Placement(fast, tuple(nodes), gpus)
+                    return self._placement(fast, nodes, shape)
         touched = {f for n in excluded if (f := self.fabric_of(n)) is not None}
         ranked: list[tuple[int, int, int, FabricId]] = []
         short: list[tuple[int, FabricId]] = []
@@ -332,9 +330,13 @@ class CapacityIndex:
         for *_, fabric in ranked:
             nodes = self._choose(fabric, shape, excluded, spread, demand)
             if nodes is not None:
-                gpus = tuple(tuple(self._nodes[n].free[: shape.gpus]) for n in nodes)
-                return Placement(fabric, tuple(nodes), gpus)
+                return self._placement(fabric, nodes, shape)
         return Unplaceable(_reason(profile, short))
+
+    def _placement(self, fabric: FabricId, nodes: list[NodeId], shape: Shape) -> Placement:
+        """The chosen nodes, each giving its lowest free GPUs."""
+        gpus = tuple(tuple(self._nodes[n].free[: shape.gpus]) for n in nodes)
+        return Placement(fabric, tuple(nodes), gpus)
 
     def _best_ranked(
         self, shape: Shape, replicas_per_fabric: Mapping[FabricId, int]
@@ -397,10 +399,7 @@ class CapacityIndex:
         best: NodeId | None = None
         fewest = 0
         for node in bucket:
-            if node in excluded or node in chosen:
-                continue
-            cap = self._nodes[node]
-            if shape.engine not in cap.info.engines or (shape.linked and not cap.link_up):
+            if node in excluded or node in chosen or not self.can_run(node, shape):
                 continue
             same = spread.get(node, 0)
             if same == 0:
