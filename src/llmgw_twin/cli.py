@@ -44,6 +44,18 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "llmgw_twin.service.ctl:ClearQuarantine",
         "lift a node's quarantine (for one profile, or all)",
     ),
+    ("ctl", "new-token"): (
+        "llmgw_twin.service.ctl:NewToken",
+        "print a fresh admin token or API key and the hash its config lists",
+    ),
+    ("ctl", "onboard"): (
+        "llmgw_twin.service.ctl:Onboard",
+        "issue or rotate a node's credential and write its agent's credential file",
+    ),
+    ("ctl", "revoke"): (
+        "llmgw_twin.service.ctl:Revoke",
+        "revoke a node's credential",
+    ),
     ("controller",): ("llmgw_twin.service.controller_main", "run the controller service"),
     ("agent",): ("llmgw_twin.service.agent_main", "run a node agent"),
     ("sidecar",): ("llmgw_twin.service.sidecar", "run a shard's sidecar"),

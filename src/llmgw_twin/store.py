@@ -62,6 +62,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE silence (node TEXT PRIMARY KEY, since_ms INTEGER NOT NULL);
     CREATE TABLE clock (id INTEGER PRIMARY KEY CHECK (id = 0), now_ms INTEGER NOT NULL);
     """,
+    # 4: node credentials (the production shell's): the token's hash, never the token, and the
+    # agent address the credential is bound to
+    """
+    CREATE TABLE node_credentials (
+        node TEXT PRIMARY KEY, token_sha256 TEXT NOT NULL, agent_url TEXT NOT NULL,
+        issued_ms INTEGER NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -178,9 +186,29 @@ class Store:
 
     def put_agent_url(self, node: NodeId, url: str) -> None:
         """Remember where a node's agent listens, so a restarted controller can reach it."""
+        self._write("INSERT OR REPLACE INTO agent_urls VALUES (?, ?)", (node, url))
+
+    def put_credential(self, node: str, token_sha256: str, agent_url: str, issued_ms: int) -> None:
+        """Bind a node's credential (replacing the one it had: rotation), durably."""
+        self._write(
+            "INSERT OR REPLACE INTO node_credentials VALUES (?, ?, ?, ?)",
+            (node, token_sha256, agent_url, issued_ms),
+        )
+
+    def delete_credential(self, node: str) -> None:
+        self._write("DELETE FROM node_credentials WHERE node = ?", (node,))
+
+    def credentials(self) -> list[tuple[str, str, str, int]]:
+        """(node, token_sha256, agent_url, issued_ms) of every node credential, by node."""
+        rows = self._db.execute(
+            "SELECT node, token_sha256, agent_url, issued_ms FROM node_credentials ORDER BY node"
+        ).fetchall()
+        return [(str(n), str(h), str(u), int(t)) for n, h, u, t in rows]
+
+    def _write(self, statement: str, values: tuple[object, ...]) -> None:
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            self._db.execute("INSERT OR REPLACE INTO agent_urls VALUES (?, ?)", (node, url))
+            self._db.execute(statement, values)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

@@ -34,10 +34,11 @@ import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Annotated, Any, assert_never
 
 import httpx
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from llmgw_twin.core.agent import AgentCore
 from llmgw_twin.core.model import NodeInfo
@@ -54,8 +55,10 @@ from llmgw_twin.core.protocol import (
     StartSidecar,
     StopShard,
 )
+from llmgw_twin.service.auth import AgentKeys, CredentialFile
 from llmgw_twin.service.config import AgentSettings
 from llmgw_twin.service.shards import ShardRunner
+from llmgw_twin.service.tls import client_verify
 from llmgw_twin.service.wire import (
     AssignShardsW,
     HeartbeatW,
@@ -108,6 +111,10 @@ class AgentRuntime:
                 if path is not None and not os.access(path, os.X_OK):
                     log.warning("engine %s: %s is not an executable file here", engine, path)
         self.info = info if info is not None else read_node_info(settings)
+        self.keys: AgentKeys | None = None
+        """None: no credentials (the config names no credential file; loopback only)."""
+        if settings.credential is not None:
+            self.keys = self._read_credential()
         self.incarnation = time.time_ns() // 1000  # differs at every start of the agent
         self.core = AgentCore(self.info, incarnation=self.incarnation)
         self._t0_ns = time.monotonic_ns()
@@ -121,11 +128,35 @@ class AgentRuntime:
     def now_ms(self) -> int:
         return (time.monotonic_ns() - self._t0_ns) // 1_000_000
 
+    def _read_credential(self) -> AgentKeys:
+        assert self.settings.credential is not None
+        cred = CredentialFile.read(self.settings.credential)
+        if cred.node != self.settings.node:
+            raise ValueError(
+                f"{self.settings.credential}: the credential is node {cred.node}'s, "
+                f"and this agent is node {self.settings.node}"
+            )
+        return AgentKeys(cred.node, cred.token, cred.controller_token)
+
+    def _reload_credential(self) -> None:
+        """After a 401: the credential may have been rotated, and the file rewritten."""
+        try:
+            keys = self._read_credential()
+        except ValueError as e:
+            log.warning("%s", e)
+            return
+        if self.keys is None or keys.token != self.keys.token:
+            log.info("read a new credential from %s", self.settings.credential)
+            self.keys = keys
+
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
-            transport=self._controller_transport, timeout=REPORT_TIMEOUT_S, trust_env=False
+            transport=self._controller_transport,
+            timeout=REPORT_TIMEOUT_S,
+            trust_env=False,
+            verify=client_verify(self.settings.controller_tls),
         )
         await self.shards.start()
         log.info(
@@ -220,8 +251,13 @@ class AgentRuntime:
             body = NodeRegisteredW.from_core(report, self.settings.advertise_url).model_dump(
                 mode="json"
             )
+        headers = {}
+        if self.keys is not None:
+            headers["authorization"] = "Bearer " + self.keys.token
         try:
-            reply = await self._client.post(url, json=body)
+            reply = await self._client.post(url, json=body, headers=headers)
+            if reply.status_code == 401 and self.keys is not None:
+                self._reload_credential()
             reply.raise_for_status()
             answer = ReportReplyW.model_validate(reply.json())
         except (httpx.HTTPError, ValueError) as e:
@@ -289,6 +325,17 @@ class AgentRuntime:
         }
 
 
+_scheme = HTTPBearer(auto_error=False, description="the controller's token for this node")
+
+
+def _as_controller(
+    request: Request, _token: Annotated[HTTPAuthorizationCredentials | None, Security(_scheme)]
+) -> None:
+    runtime: AgentRuntime = request.app.state.runtime
+    if runtime.keys is not None:
+        runtime.keys.require_controller(request)
+
+
 def create_agent_app(runtime: AgentRuntime) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> Any:
@@ -300,16 +347,18 @@ def create_agent_app(runtime: AgentRuntime) -> FastAPI:
 
     app = FastAPI(title=f"llmgw-twin agent {runtime.info.node}", lifespan=lifespan)
     install_error_handlers(app)
+    app.state.runtime = runtime
+    controller = [Depends(_as_controller)]
 
-    @app.post("/v1/assign")
+    @app.post("/v1/assign", dependencies=controller)
     async def assign(body: AssignShardsW) -> dict[str, Any]:
         return runtime.assign(body)
 
-    @app.post("/v1/report-request")
+    @app.post("/v1/report-request", dependencies=controller)
     async def report_request(body: RequestReportW) -> dict[str, Any]:
         return runtime.report_request(body)
 
-    @app.get("/v1/state")
+    @app.get("/v1/state", dependencies=controller)
     async def state() -> dict[str, Any]:
         return runtime.state()
 

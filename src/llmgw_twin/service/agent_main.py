@@ -28,4 +28,5 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
-    return serving.serve(create_agent_app(runtime), settings.host, settings.port, args.log_level)
+    app = create_agent_app(runtime)
+    return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)

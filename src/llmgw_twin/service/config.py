@@ -22,6 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from llmgw_twin.core.model import ENGINES, Deployment, ModelName, Profile, ProfileName, Timings
+from llmgw_twin.service.auth import check_hash, is_loopback
+from llmgw_twin.service.tls import ClientTls, ServerTls
 from llmgw_twin.service.wire import (
     Count,
     Name,
@@ -53,9 +55,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ServerTlsC(_Strict):
+    cert: Text
+    key: Text
+    client_ca: Text | None = None
+
+
+class ClientTlsC(_Strict):
+    ca: Text | None = None
+    cert: Text | None = None
+    key: Text | None = None
+
+
 class ListenC(_Strict):
     host: Host = "127.0.0.1"
     port: Port
+    tls: ServerTlsC | None = None
+    allow_plaintext: Annotated[bool, Strict()] = False
+    """Serve plain HTTP on an address other than loopback (a network trusted end to end)."""
+
+
+class AuthC(_Strict):
+    admin_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
+    api_keys: list[Annotated[str, Strict()]] = Field(default=[], max_length=4096)
+    secret_file: Text | None = None
 
 
 TIMING_KEYS: tuple[SettingKey, ...] = setting_keys(Timings)
@@ -85,6 +108,8 @@ class ControllerFile(_Strict):
     """Checked against `TIMING_KEYS` by `_timings`, so that the keys follow `Timings`."""
     profiles: dict[Name, ProfileC] = {}
     deployments: list[DeploymentC] = []
+    auth: AuthC | None = None
+    agents_tls: ClientTlsC | None = None
 
 
 class EngineBinaryC(_Strict):
@@ -117,6 +142,17 @@ class AgentFile(_Strict):
     worker_settle: Duration = "1s"
     ready_timeout: Duration = "30m"
     log_dir: Text | None = None
+    credential: Text | None = None
+    controller_tls: ClientTlsC | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerAuth:
+    admin_hashes: tuple[str, ...]
+    api_key_hashes: tuple[str, ...]
+    """Empty: the router's routes are open to anyone who reaches them."""
+    secret_file: Path
+    """The key the agents' controller tokens derive from; created (mode 0600) if absent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +163,10 @@ class ControllerSettings:
     timings: Timings
     profiles: tuple[Profile, ...]
     deployments: tuple[Deployment, ...]
+    auth: ControllerAuth | None = None
+    """None: no credentials asked (allowed on loopback only, see docs/security.md)."""
+    tls: ServerTls | None = None
+    agents_tls: ClientTls | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +201,10 @@ class AgentSettings:
     worker_settle_ms: int
     ready_timeout_ms: int
     log_dir: Path | None
+    credential: Path | None = None
+    """The node's credential file (`llmgw-twin ctl onboard`); None: no credentials."""
+    tls: ServerTls | None = None
+    controller_tls: ClientTls | None = None
 
     @property
     def engine_names(self) -> tuple[str, ...]:
@@ -250,6 +294,57 @@ def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | fl
             assert_never(key.kind)
 
 
+def _server_tls(path: Path, listen: ListenC, *, secured: bool, what: str) -> ServerTls | None:
+    """The listener's TLS; an address other than loopback needs credentials and TLS (or an
+    explicit `allow_plaintext`), so that nothing on the network can speak for a node."""
+    tls = None
+    if listen.tls is not None:
+        t = listen.tls
+        ca = _relative(path, t.client_ca) if t.client_ca is not None else None
+        tls = ServerTls(_relative(path, t.cert), _relative(path, t.key), ca)
+    if not is_loopback(listen.host):
+        if not secured:
+            raise ConfigError(
+                f"{path}: listen.host: {listen.host} is not a loopback address, so {what} "
+                "(see docs/security.md)"
+            )
+        if tls is None and not listen.allow_plaintext:
+            raise ConfigError(
+                f"{path}: listen.tls: serving on {listen.host} needs TLS (cert and key), or "
+                "listen.allow_plaintext: true on a network trusted end to end"
+            )
+    return tls
+
+
+def _client_tls(path: Path, c: ClientTlsC | None) -> ClientTls | None:
+    if c is None:
+        return None
+    if (c.cert is None) != (c.key is None):
+        raise ConfigError(f"{path}: a client certificate needs both cert and key")
+
+    def rel(v: str | None) -> Path | None:
+        return _relative(path, v) if v is not None else None
+
+    return ClientTls(rel(c.ca), rel(c.cert), rel(c.key))
+
+
+def _auth(path: Path, a: AuthC | None, store: str) -> ControllerAuth | None:
+    if a is None:
+        return None
+    hashes: dict[str, tuple[str, ...]] = {}
+    for key, values in (("admin_tokens", a.admin_tokens), ("api_keys", a.api_keys)):
+        for i, value in enumerate(values):
+            try:
+                check_hash(value)
+            except ValueError as e:
+                raise ConfigError(f"{path}: auth.{key}[{i}]: {e}") from None
+        hashes[key] = tuple(values)
+    if not hashes["admin_tokens"]:
+        raise ConfigError(f"{path}: auth.admin_tokens: at least one admin token hash is needed")
+    secret = _relative(path, a.secret_file) if a.secret_file else Path(store + ".key")
+    return ControllerAuth(hashes["admin_tokens"], hashes["api_keys"], secret)
+
+
 def load_controller_config(path: str | Path) -> ControllerSettings:
     path = Path(path)
     try:
@@ -287,13 +382,19 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         if any(d.model == dc.model for d in deployments):
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
         deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
+    store = str(_relative(path, f.store))
+    auth = _auth(path, f.auth, store)
+    tls = _server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
     return ControllerSettings(
         host=f.listen.host,
         port=f.listen.port,
-        store=str(_relative(path, f.store)),
+        store=store,
         timings=_timings(path, f.timings),
         profiles=tuple(profiles),
         deployments=tuple(deployments),
+        auth=auth,
+        tls=tls,
+        agents_tls=_client_tls(path, f.agents_tls),
     )
 
 
@@ -320,6 +421,8 @@ def load_agent_config(path: str | Path) -> AgentSettings:
     except ValueError as e:
         raise ConfigError(f"{path}: gpu_memory: {e}") from None
     root = _relative(path, f.root)
+    credential = _relative(path, f.credential) if f.credential is not None else None
+    tls = _server_tls(path, f.listen, secured=credential is not None, what="it needs a credential")
     return AgentSettings(
         node=f.node,
         controller_url=f.controller.rstrip("/"),
@@ -344,4 +447,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         worker_settle_ms=_duration(path, "worker_settle", f.worker_settle),
         ready_timeout_ms=_duration(path, "ready_timeout", f.ready_timeout, positive=True),
         log_dir=_relative(path, f.log_dir) if f.log_dir is not None else None,
+        credential=credential,
+        tls=tls,
+        controller_tls=_client_tls(path, f.controller_tls),
     )

@@ -34,8 +34,9 @@ from contextlib import asynccontextmanager, suppress
 from typing import Annotated, Any, NoReturn
 
 import httpx
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
@@ -53,7 +54,18 @@ from llmgw_twin.core.protocol import (
     Step,
 )
 from llmgw_twin.core.routing import Router
+from llmgw_twin.service.auth import (
+    Caller,
+    ControllerKeys,
+    CredentialRequestW,
+    CredentialW,
+    NodeCredential,
+    load_secret,
+    new_token,
+    token_hash,
+)
 from llmgw_twin.service.config import ControllerSettings
+from llmgw_twin.service.tls import client_verify
 from llmgw_twin.service.views import fleet_state, forward, model_list
 from llmgw_twin.service.wire import (
     NAME_PATTERN,
@@ -114,7 +126,21 @@ class ControllerRuntime:
             pathlib.Path(settings.store).parent.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.store)
         self.router = Router()
-        self._agent_urls: dict[NodeId, str] = self.store.agent_urls()
+        self.keys: ControllerKeys | None = None
+        """None: no credentials are asked (`auth` not configured, loopback only)."""
+        if settings.auth is not None:
+            self.keys = ControllerKeys(
+                admin_hashes=settings.auth.admin_hashes,
+                api_key_hashes=settings.auth.api_key_hashes,
+                secret=load_secret(settings.auth.secret_file),
+                nodes=(NodeCredential(*row) for row in self.store.credentials()),
+            )
+            # the controller calls a node at the address its credential is bound to, only
+            self._agent_urls: dict[NodeId, str] = {
+                NodeId(c.node): c.agent_url for c in self.keys.nodes()
+            }
+        else:
+            self._agent_urls = self.store.agent_urls()
         self._core: Controller | None = None
         self._lock = asyncio.Lock()
         self._wake_at: int | None = None
@@ -143,7 +169,10 @@ class ControllerRuntime:
     async def start(self) -> None:
         s = self.settings
         self._agents = httpx.AsyncClient(
-            transport=self._agent_transport, timeout=SEND_TIMEOUT_S, trust_env=False
+            transport=self._agent_transport,
+            timeout=SEND_TIMEOUT_S,
+            trust_env=False,
+            verify=client_verify(s.agents_tls),
         )
         self._engines = httpx.AsyncClient(
             transport=self._engine_transport, timeout=PROXY_TIMEOUT, trust_env=False
@@ -271,8 +300,14 @@ class ControllerRuntime:
                 path = "/v1/report-request"
                 body = RequestReportW.from_core(cmd).model_dump(mode="json")
             assert self._agents is not None
+            headers = {}
+            if self.keys is not None:
+                cred = self.keys.node(node)
+                if cred is None:
+                    return  # revoked since: nothing more goes to it
+                headers["authorization"] = "Bearer " + self.keys.controller_token(cred)
             try:
-                reply = await self._agents.post(url + path, json=body)
+                reply = await self._agents.post(url + path, json=body, headers=headers)
                 reply.raise_for_status()
             except httpx.HTTPError as e:
                 log.warning("sending %s to %s at %s failed: %s", path, node, url, e)
@@ -292,17 +327,41 @@ class ControllerRuntime:
             self._apply(step, answered_in_band)
         return step
 
-    async def register(self, body: NodeRegisteredW) -> ReportReplyW:
+    def _speaks_for(self, caller: Caller | None, node: str, shard_nodes: list[str]) -> None:
+        """A node's credential acts as that node only, and reports its own shards only."""
+        if caller is None:
+            return  # no credentials asked
+        problem = None
+        if caller.node != node:
+            problem = f"this credential is node {caller.node}'s: it cannot speak for {node}"
+        elif others := sorted(set(shard_nodes) - {node}):
+            problem = f"node {node} reported shards placed on {', '.join(others)}"
+        if problem is not None:
+            log.warning("refused a report: %s", problem)
+            raise Refused(problem, 403)
+
+    async def register(self, body: NodeRegisteredW, caller: Caller | None) -> ReportReplyW:
         msg = body.to_core()
         node = msg.info.node
-        if self._agent_urls.get(node) != body.agent_url:
+        self._speaks_for(caller, node, [s.spec.node for s in body.shards])
+        if self.keys is not None:
+            bound = self._agent_urls.get(node)
+            if body.agent_url.rstrip("/") != bound:
+                log.warning("refused node %s's registration from %s", node, body.agent_url)
+                raise Refused(
+                    f"node {node} registered agent_url {body.agent_url}, but its credential is "
+                    f"bound to {bound}: onboard it again to change the address",
+                    403,
+                )
+        elif self._agent_urls.get(node) != body.agent_url:
             self.store.put_agent_url(node, body.agent_url)
             self._agent_urls[node] = body.agent_url
         await self._handle(msg)
         return ReportReplyW()
 
-    async def heartbeat(self, body: HeartbeatW) -> ReportReplyW:
+    async def heartbeat(self, body: HeartbeatW, caller: Caller | None) -> ReportReplyW:
         msg = body.to_core()
+        self._speaks_for(caller, msg.node, [s.spec.node for s in body.shards])
         step = await self._handle(msg, answered_in_band=msg.node)
         asked = any(isinstance(c, RequestReport) and c.node == msg.node for c in step.commands)
         return ReportReplyW(report=asked)
@@ -330,10 +389,54 @@ class ControllerRuntime:
             raise Refused(str(e), 404) from None
         return {"node": node, "profile": profile, "cleared": True}
 
+    # --- credentials -------------------------------------------------------------------------
+
+    def _need_keys(self) -> ControllerKeys:
+        if self.keys is None:
+            raise Refused("this controller asks no credentials (its config has no auth)", 409)
+        return self.keys
+
+    async def issue_credential(self, node: str, body: CredentialRequestW) -> CredentialW:
+        """Onboard a node, or rotate its credential: the old token stops working at once."""
+        keys = self._need_keys()
+        token = new_token()
+        url = body.agent_url.rstrip("/")
+        async with self._lock:
+            cred = NodeCredential(node, token_hash(token), url, self.now_ms())
+            self.store.put_credential(cred.node, cred.token_sha256, url, cred.issued_ms)
+            keys.put(cred)
+            self._agent_urls[NodeId(node)] = url
+        log.info("issued a credential for node %s, bound to %s", node, url)
+        return CredentialW(
+            node=node,
+            agent_url=url,
+            issued_ms=cred.issued_ms,
+            token=token,
+            controller_token=keys.controller_token(cred),
+        )
+
+    async def revoke_credential(self, node: str) -> dict[str, Any]:
+        """The node's token stops working; nothing more is sent to it, and its silence makes
+        it lost after `node_lost_after` (its replicas are replaced as for any lost node)."""
+        keys = self._need_keys()
+        async with self._lock:
+            if keys.revoke(node) is None:
+                raise Refused(f"node {node} has no credential", 404)
+            self.store.delete_credential(node)
+            self._agent_urls.pop(NodeId(node), None)
+        log.warning("revoked node %s's credential", node)
+        return {"node": node, "revoked": True}
+
     # --- views -------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        return fleet_state(self.core, self._agent_urls, self.now_ms())
+        out = fleet_state(self.core, self._agent_urls, self.now_ms())
+        if self.keys is not None:
+            out["credentials"] = [
+                {"node": c.node, "agent_url": c.agent_url, "issued_ms": c.issued_ms}
+                for c in self.keys.nodes()
+            ]
+        return out
 
     def events(self, after: int) -> dict[str, Any]:
         start = max(after - self._events_dropped, 0)
@@ -356,6 +459,37 @@ class ControllerRuntime:
         return await forward(self._engines, self.core, self.router, request, path)
 
 
+# --- who may call: each route's dependency (the runtime is the app's `state.runtime`) ----------
+
+_scheme = HTTPBearer(auto_error=False, description="an admin token, a node token or an API key")
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_scheme)]
+
+
+def _keys(request: Request) -> ControllerKeys | None:
+    runtime: ControllerRuntime = request.app.state.runtime
+    return runtime.keys
+
+
+def _as_admin(request: Request, _token: Bearer) -> None:
+    keys = _keys(request)
+    if keys is not None:
+        keys.require(request, "admin")
+
+
+def _as_node(request: Request, _token: Bearer) -> Caller | None:
+    keys = _keys(request)
+    return keys.require(request, "node") if keys is not None else None
+
+
+def _as_client(request: Request, _token: Bearer) -> None:
+    keys = _keys(request)
+    if keys is not None and keys.api_key_hashes:
+        keys.require(request, "api")
+
+
+AsNode = Annotated[Caller | None, Depends(_as_node)]
+
+
 def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> Any:
@@ -367,57 +501,72 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
 
     app = FastAPI(title="llmgw-twin controller", lifespan=lifespan)
     install_error_handlers(app)
+    app.state.runtime = runtime
+    admin = [Depends(_as_admin)]
+    client = [Depends(_as_client)]
 
     @app.post("/v1/agents/register")
-    async def register(body: NodeRegisteredW) -> ReportReplyW:
-        return await runtime.register(body)
+    async def register(body: NodeRegisteredW, caller: AsNode) -> ReportReplyW:
+        return await runtime.register(body, caller)
 
     @app.post("/v1/agents/heartbeat")
-    async def heartbeat(body: HeartbeatW) -> ReportReplyW:
-        return await runtime.heartbeat(body)
+    async def heartbeat(body: HeartbeatW, caller: AsNode) -> ReportReplyW:
+        return await runtime.heartbeat(body, caller)
 
-    @app.put("/v1/admin/profiles/{name}")
+    @app.post("/v1/admin/nodes/{node}/credential", dependencies=admin)
+    async def issue_credential(node: PathName, body: CredentialRequestW) -> CredentialW:
+        return await runtime.issue_credential(node, body)
+
+    @app.delete("/v1/admin/nodes/{node}/credential", dependencies=admin)
+    async def revoke_credential(node: PathName) -> dict[str, Any]:
+        return await runtime.revoke_credential(node)
+
+    @app.put("/v1/admin/profiles/{name}", dependencies=admin)
     async def put_profile(name: PathName, body: ProfileW) -> dict[str, Any]:
         return await runtime.put_profile(name, body)
 
-    @app.put("/v1/admin/deployments/{model}")
+    @app.put("/v1/admin/deployments/{model}", dependencies=admin)
     async def put_deployment(model: PathName, body: DeploymentW) -> dict[str, Any]:
         return await runtime.put_deployment(model, body)
 
-    @app.delete("/v1/admin/nodes/{node}/failed-gpus/{gpu}")
+    @app.delete("/v1/admin/nodes/{node}/failed-gpus/{gpu}", dependencies=admin)
     async def clear_failed_gpu(
         node: PathName, gpu: Annotated[int, Path(ge=0, le=4096)]
     ) -> dict[str, Any]:
         return await runtime.clear_failed_gpu(node, gpu)
 
-    @app.delete("/v1/admin/nodes/{node}/quarantine")
+    @app.delete("/v1/admin/nodes/{node}/quarantine", dependencies=admin)
     async def clear_quarantine(
         node: PathName,
         profile: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
     ) -> dict[str, Any]:
         return await runtime.clear_quarantine(node, profile)
 
-    @app.get("/v1/admin/state")
+    @app.get("/v1/admin/state", dependencies=admin)
     async def state() -> dict[str, Any]:
         return runtime.state()
 
-    @app.get("/v1/admin/events")
+    @app.get("/v1/admin/events", dependencies=admin)
     async def events(after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
         return runtime.events(after)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
+        # open to anyone: says the process is up, and nothing about the fleet once it asks
+        # for credentials
+        if runtime.keys is not None:
+            return {"status": "ok"}
         return {"status": "ok", "t_ms": runtime.now_ms(), "nodes": len(runtime.core.nodes())}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=client)
     async def models() -> dict[str, Any]:
         return runtime.models()
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=client)
     async def chat(request: Request) -> Response:
         return await runtime.proxy(request, "/v1/chat/completions")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=client)
     async def completions(request: Request) -> Response:
         return await runtime.proxy(request, "/v1/completions")
 

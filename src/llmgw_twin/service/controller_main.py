@@ -30,4 +30,4 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
     app = create_controller_app(runtime)
-    return serving.serve(app, settings.host, settings.port, args.log_level)
+    return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)

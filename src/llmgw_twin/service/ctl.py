@@ -1,21 +1,36 @@
-"""`llmgw-twin ctl clear-gpu` and `ctl clear-quarantine`: an operator's word to the controller.
+"""`llmgw-twin ctl ...`: an operator's word to the controller, and the tokens it takes.
 
-Each command is one bounded HTTP call to the controller's admin API (`--controller`, default
-`http://127.0.0.1:8080`): it prints the controller's answer and exits 0 when the controller
-accepted, 1 when it refused (the GPU is not failed, the node not quarantined), 2 when the
-controller could not be reached.
+Each command but `new-token` is one bounded HTTP call to the controller's admin API
+(`--controller`, default `http://127.0.0.1:8080`): it prints the controller's answer and exits
+0 when the controller accepted, 1 when it refused (the GPU is not failed, the node not
+quarantined, the token not an admin's), 2 when the controller could not be reached. The admin
+token is read from the file `--token-file` names, or from the environment variable
+`LLMGW_TWIN_TOKEN`; never from the command line, where any user of the host could read it.
+
+- `new-token`: print a fresh token and, on the next line, the hash a config lists;
+- `onboard NODE --agent-url URL --out FILE`: issue (or rotate) a node's credential and write it,
+  readable by its owner only, to FILE for the node's agent (`credential:` in its config);
+- `revoke NODE`: the node's credential stops working at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import httpx
 
+from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
+
 DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
 TIMEOUT_S = 10.0
+
+
+TOKEN_ENV = "LLMGW_TWIN_TOKEN"  # noqa: S105  (a variable name)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -24,24 +39,66 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CONTROLLER,
         help=f"the controller's base URL (default {DEFAULT_CONTROLLER})",
     )
+    parser.add_argument(
+        "--token-file", type=Path, help=f"a file holding the admin token (else ${TOKEN_ENV})"
+    )
+    parser.add_argument("--ca", type=Path, help="the CA that signed the controller's certificate")
 
 
-def _call(method: str, url: str, params: dict[str, str] | None = None) -> int:
+class CtlError(Exception):
+    pass
+
+
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    token = os.environ.get(TOKEN_ENV)
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise CtlError(f"cannot read the token file: {e}") from None
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _request(
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    *,
+    params: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """(0 accepted, 1 refused, 2 unreachable) and the answer's body; refusals are printed."""
+    url = str(args.controller).rstrip("/") + path
+    verify: Any = str(args.ca) if args.ca is not None else True
     try:
-        with httpx.Client(timeout=TIMEOUT_S, trust_env=False) as client:
-            reply = client.request(method, url, params=params)
+        headers = _headers(args)
+        with httpx.Client(timeout=TIMEOUT_S, trust_env=False, verify=verify) as client:
+            reply = client.request(method, url, params=params, json=body, headers=headers)
+    except CtlError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2, {}
     except httpx.HTTPError as e:
         print(f"error: cannot reach the controller at {url}: {e}", file=sys.stderr)
-        return 2
+        return 2, {}
     try:
-        body = reply.json()
+        answer = reply.json()
     except ValueError:
-        body = {"detail": reply.text}
+        answer = {"detail": reply.text}
+    if not isinstance(answer, dict):
+        answer = {"detail": answer}
     if reply.is_success:
-        print(json.dumps(body, sort_keys=True))
-        return 0
-    print(f"refused ({reply.status_code}): {body.get('detail', body)}", file=sys.stderr)
-    return 1
+        return 0, answer
+    print(f"refused ({reply.status_code}): {answer.get('detail', answer)}", file=sys.stderr)
+    return 1, answer
+
+
+def _call(
+    args: argparse.Namespace, method: str, path: str, params: dict[str, str] | None = None
+) -> int:
+    status, answer = _request(args, method, path, params=params)
+    if status == 0:
+        print(json.dumps(answer, sort_keys=True))
+    return status
 
 
 class ClearGpu:
@@ -55,8 +112,7 @@ class ClearGpu:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        base = str(args.controller).rstrip("/")
-        return _call("DELETE", f"{base}/v1/admin/nodes/{args.node}/failed-gpus/{args.gpu}")
+        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/failed-gpus/{args.gpu}")
 
 
 class ClearQuarantine:
@@ -70,6 +126,66 @@ class ClearQuarantine:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        base = str(args.controller).rstrip("/")
         params = {"profile": args.profile} if args.profile else None
-        return _call("DELETE", f"{base}/v1/admin/nodes/{args.node}/quarantine", params)
+        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/quarantine", params)
+
+
+class NewToken:
+    """Print a fresh token, then the hash that goes into a config (`auth.admin_tokens`,
+    `auth.api_keys`); the token itself is shown this once."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        pass
+
+    @staticmethod
+    def main(_args: argparse.Namespace) -> int:
+        token = new_token()
+        print(token)
+        print(token_hash(token))
+        return 0
+
+
+class Onboard:
+    """Issue a node's credential (or rotate it: the old one stops working at once) and write
+    it to the file its agent reads."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("node")
+        parser.add_argument(
+            "--agent-url",
+            required=True,
+            help="where the node's agent listens, as the "
+            "controller reaches it; the controller calls this address only",
+        )
+        parser.add_argument("--out", required=True, type=Path, help="the credential file")
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        status, answer = _request(
+            args,
+            "POST",
+            f"/v1/admin/nodes/{args.node}/credential",
+            body={"agent_url": args.agent_url},
+        )
+        if status != 0:
+            return status
+        cred = CredentialFile(answer["node"], answer["token"], answer["controller_token"])
+        cred.write(args.out)
+        print(f"node {cred.node}: credential written to {args.out}, bound to {args.agent_url}")
+        return 0
+
+
+class Revoke:
+    """Revoke a node's credential: its agent is refused from now on and sent nothing more."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("node")
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/credential")

@@ -14,6 +14,8 @@ import sys
 import uvicorn
 from fastapi import FastAPI
 
+from llmgw_twin.service.tls import ServerTls
+
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -28,9 +30,11 @@ def setup_logging(level: str) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str) -> int:
+def serve(app: FastAPI, host: str, port: int, log_level: str, tls: ServerTls | None = None) -> int:
+    """Serve `app`; over TLS when `tls` is given (mutual TLS when it names a client CA)."""
+    options = tls.uvicorn_options() if tls is not None else {}
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False
+        app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False, **options
     )
     server = uvicorn.Server(config)
     server.run()
