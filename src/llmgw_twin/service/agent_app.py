@@ -85,6 +85,15 @@ def read_node_info(settings: AgentSettings) -> NodeInfo:
     return to_node_info(inv, settings.node, settings.gpu_memory_mib, settings.engine_names)
 
 
+def _detail(reply: httpx.Response) -> str:
+    """The controller's reason for an error reply, as it gave it."""
+    try:
+        detail = reply.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail is not None else reply.reason_phrase
+
+
 @dataclass(slots=True)
 class _Outbox:
     queue: collections.deque[Heartbeat | NodeRegistered] = field(default_factory=collections.deque)
@@ -258,7 +267,10 @@ class AgentRuntime:
             reply = await self._client.post(url, json=body, headers=headers)
             if reply.status_code == 401 and self.keys is not None:
                 self._reload_credential()
-            reply.raise_for_status()
+            if reply.is_error:
+                raise httpx.HTTPStatusError(
+                    f"{reply.status_code}: {_detail(reply)}", request=reply.request, response=reply
+                )
             answer = ReportReplyW.model_validate(reply.json())
         except (httpx.HTTPError, ValueError) as e:
             # level-triggered: the next heartbeat carries the whole state again

@@ -428,7 +428,9 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         controller_url=f.controller.rstrip("/"),
         host=f.listen.host,
         port=f.listen.port,
-        advertise_url=(f.advertise_url or f"http://{f.listen.host}:{f.listen.port}").rstrip("/"),
+        advertise_url=(
+            f.advertise_url or f"{'https' if tls else 'http'}://{f.listen.host}:{f.listen.port}"
+        ).rstrip("/"),
         root=root,
         fabric=f.fabric,
         use_nvml=f.use_nvml if f.use_nvml is not None else root.resolve() == Path("/"),

@@ -151,6 +151,7 @@ class ControllerRuntime:
         self._sent_seq: dict[NodeId, int] = {}
         self._latest_assign: dict[NodeId, int] = {}
         self._deliveries: set[asyncio.Task[None]] = set()
+        self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._agents: httpx.AsyncClient | None = None
         self._engines: httpx.AsyncClient | None = None
@@ -346,12 +347,15 @@ class ControllerRuntime:
         self._speaks_for(caller, node, [s.spec.node for s in body.shards])
         if self.keys is not None:
             bound = self._agent_urls.get(node)
-            if body.agent_url.rstrip("/") != bound:
-                log.warning("refused node %s's registration from %s", node, body.agent_url)
-                raise Refused(
-                    f"node {node} registered agent_url {body.agent_url}, but its credential is "
-                    f"bound to {bound}: onboard it again to change the address",
-                    403,
+            if body.agent_url.rstrip("/") != bound and self._misbound.get(node) != body.agent_url:
+                self._misbound[node] = body.agent_url
+                log.warning(
+                    "node %s registers agent_url %s, but its credential is bound to %s: the "
+                    "controller calls %s only (onboard the node again to change it)",
+                    node,
+                    body.agent_url,
+                    bound,
+                    bound,
                 )
         elif self._agent_urls.get(node) != body.agent_url:
             self.store.put_agent_url(node, body.agent_url)

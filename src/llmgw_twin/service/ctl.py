@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
+from llmgw_twin.service.tls import ClientTls
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
 TIMEOUT_S = 10.0
@@ -43,6 +44,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--token-file", type=Path, help=f"a file holding the admin token (else ${TOKEN_ENV})"
     )
     parser.add_argument("--ca", type=Path, help="the CA that signed the controller's certificate")
+    parser.add_argument("--cert", type=Path, help="this client's certificate (mutual TLS)")
+    parser.add_argument("--key", type=Path, help="the key of --cert (when not in the same file)")
 
 
 class CtlError(Exception):
@@ -69,12 +72,12 @@ def _request(
 ) -> tuple[int, dict[str, Any]]:
     """(0 accepted, 1 refused, 2 unreachable) and the answer's body; refusals are printed."""
     url = str(args.controller).rstrip("/") + path
-    verify: Any = str(args.ca) if args.ca is not None else True
     try:
+        verify = ClientTls(args.ca, args.cert, args.key or args.cert).context()
         headers = _headers(args)
         with httpx.Client(timeout=TIMEOUT_S, trust_env=False, verify=verify) as client:
             reply = client.request(method, url, params=params, json=body, headers=headers)
-    except CtlError as e:
+    except (CtlError, OSError) as e:  # ssl.SSLError is an OSError
         print(f"error: {e}", file=sys.stderr)
         return 2, {}
     except httpx.HTTPError as e:

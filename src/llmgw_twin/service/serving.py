@@ -17,6 +17,10 @@ from fastapi import FastAPI
 from llmgw_twin.service.tls import ServerTls
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+GRACEFUL_SHUTDOWN_S = 5
+"""How long a shutdown waits for open connections before it stops the app anyway. Without a
+bound, a TLS connection a peer keeps idle in its pool holds the shutdown for asyncio's TLS
+close timeout (30 s): the peer answers the close only when it next uses the connection."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -34,7 +38,14 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, tls: ServerTls | N
     """Serve `app`; over TLS when `tls` is given (mutual TLS when it names a client CA)."""
     options = tls.uvicorn_options() if tls is not None else {}
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False, **options
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        **options,
     )
     server = uvicorn.Server(config)
     server.run()
