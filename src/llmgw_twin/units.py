@@ -12,7 +12,9 @@ Invariants:
 - Parsing is strict: a duration is one or more `<digits><unit>` parts with units among h, m, s, ms,
   each unit at most once and in that order. The only unit-less duration accepted is `0`. Anything
   else raises `ValueError` whose message says what was wrong and what was expected.
-- `parse_duration(fmt_duration(ms)) == ms` for every `ms >= 0`.
+- No number in a duration, size or share has more than `MAX_DIGITS` digits, so parsing never
+  meets Python's integer-string limit and every result stays small; more is a `ValueError`.
+- `parse_duration(fmt_duration(ms)) == ms` for every `ms >= 0` whose parts fit in `MAX_DIGITS`.
 - A setting's key is its field's name without `_ms`; its kind follows from the name (`*_ms`: a
   duration) or else the field's type (`int`: a count, `float`: a share).
 """
@@ -24,6 +26,14 @@ import re
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Literal
+
+MAX_DIGITS = 18
+"""The most digits any number in a file may have (a duration's part, a size, a share, a whole
+number): 64-bit range, far below Python's integer-string limit, and above every bound the readers
+set on the value."""
+MAX_NAME_LEN = 128
+"""The longest name (of a node, fabric, profile, model, scenario or fault): the same bound the
+service's wire format puts on names."""
 
 _DURATION_UNITS: tuple[tuple[str, int], ...] = (
     ("h", 3_600_000),
@@ -46,6 +56,13 @@ _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)")
 _SIZE_HINT = "expected e.g. 512MiB or 80GiB (units KiB, MiB, GiB, TiB)"
 
 
+def _check_digits(digits: str, what: str, text: str) -> None:
+    if len(digits) > MAX_DIGITS:
+        raise ValueError(
+            f"number too long in {what} '{text}': {len(digits)} digits (at most {MAX_DIGITS})"
+        )
+
+
 def parse_duration(text: str) -> int:
     """`1h30m15s500ms` -> 5_415_500. Units h, m, s, ms, each once, largest first."""
     if text == "":
@@ -65,6 +82,7 @@ def parse_duration(text: str) -> int:
                 f"(whole numbers only, {_DURATION_HINT})"
             )
         digits, unit = part.groups()
+        _check_digits(digits, "duration", text)
         if unit == "" and part.end() < len(text):
             raise ValueError(
                 f"unexpected {text[part.end()]!r} in duration '{text}' "
@@ -97,6 +115,7 @@ def parse_size_mib(text: str) -> int:
     if match is None:
         raise ValueError(f"cannot read size '{text}' ({_SIZE_HINT})")
     number, unit = match.groups()
+    _check_digits(number.replace(".", ""), "size", text)
     if unit == "":
         raise ValueError(f"number without a unit in size '{text}' ({_SIZE_HINT})")
     if unit not in _SIZE_MIB:
@@ -152,6 +171,7 @@ def parse_share(text: str) -> float:
     if match is None:
         raise ValueError(f"cannot read share '{text}' ({_SHARE_HINT})")
     number, percent = match.groups()
+    _check_digits(number.replace(".", ""), "share", text)
     value = Fraction(number) / (100 if percent else 1)
     return float(value)
 
