@@ -21,6 +21,12 @@ from yaml.nodes import Node
 from llmgw_twin.core.model import FabricId, ModelName, NodeId, NodeState
 from llmgw_twin.twin import yamlnodes as yn
 from llmgw_twin.twin.loader_faults import Known
+from llmgw_twin.twin.loader_limits import (
+    MAX_COUNT,
+    MAX_EXPECTATIONS,
+    MAX_REPLICAS,
+    MAX_SHARDS_PER_REPLICA,
+)
 from llmgw_twin.twin.scenario import (
     EVENT_KINDS,
     EVENT_SUBJECTS,
@@ -42,7 +48,7 @@ _T = TypeVar("_T", bound=str)
 
 def load_expectations(node: Node, known: Known) -> tuple[Expectation, ...]:
     out: list[Expectation] = []
-    for i, item in enumerate(yn.items(node, "expect")):
+    for i, item in enumerate(yn.items(node, "expect", MAX_EXPECTATIONS)):
         where = f"expect[{i}]"
         view = yn.MapView(item, where)
         if view.has("event") and view.has("at"):
@@ -97,7 +103,7 @@ def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
     never = view.has("never") and yn.boolean(view.require("never"), f"{where}.never")
     count: int | None = None
     if view.has("count"):
-        count = yn.integer(view.require("count"), f"{where}.count", minimum=0)
+        count = yn.integer(view.require("count"), f"{where}.count", minimum=0, maximum=MAX_COUNT)
 
     written: list[tuple[str, str | int]] = []
     for entry in view.entries:
@@ -136,7 +142,7 @@ def _filter(key: str, node: Node, where: str, known: Known) -> str | int:
         case "fault":
             return known.fault_id(node, where)
         case "rank":
-            return yn.integer(node, where, minimum=0)
+            return yn.integer(node, where, minimum=0, maximum=MAX_SHARDS_PER_REPLICA - 1)
     # Other subjects (reasons, replica ids, counts) compare as written; numbers stay numbers.
     return yn.integer(node, where) if yn.is_int(node) else yn.text(node, where)
 
@@ -184,7 +190,10 @@ def _state(view: yn.MapView, where: str, known: Known) -> StateExpectation:
 def _counts(node: Node, where: str, ref: Callable[[Node, str], _T]) -> tuple[tuple[_T, int], ...]:
     view = yn.MapView(node, where)
     return tuple(
-        (ref(e.key_node, where), yn.integer(e.value, f"{where}.{e.key}", minimum=0))
+        (
+            ref(e.key_node, where),
+            yn.integer(e.value, f"{where}.{e.key}", minimum=0, maximum=MAX_REPLICAS),
+        )
         for e in view.entries
     )
 
@@ -201,12 +210,12 @@ def _node_states(node: Node, where: str, known: Known) -> tuple[tuple[NodeId, st
 
 
 def _node_list(node: Node, where: str, known: Known) -> tuple[NodeId, ...]:
-    out: list[NodeId] = []
+    out: dict[NodeId, None] = {}  # file order; a dict finds repeats at once
     for i, item in enumerate(yn.items(node, where)):
         node_id = known.node(item, f"{where}[{i}]")
         if node_id in out:
             raise yn.Invalid.at(item, f"{where}: node '{node_id}' is listed twice")
-        out.append(node_id)
+        out[node_id] = None
     return tuple(out)
 
 

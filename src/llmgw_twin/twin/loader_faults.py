@@ -14,12 +14,15 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from yaml.nodes import Node
 
 from llmgw_twin.core.model import FabricId, ModelName, NodeId
 from llmgw_twin.twin import yamlnodes as yn
+from llmgw_twin.twin.loader_fleet import ReplicaTotals
+from llmgw_twin.twin.loader_limits import MAX_FAULTS, MAX_NAME_LEN, MAX_REPLICAS
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
     CrashNode,
@@ -47,6 +50,9 @@ from llmgw_twin.twin.timeexpr import (
 )
 from llmgw_twin.units import fmt_ms
 
+MAX_TIME_LEN = MAX_NAME_LEN + 64
+"""A time expression: an anchor (a name), a sign and a duration."""
+
 _ACTIONS = tuple(FAULT_KEYS)
 _FAULT_HINT = f"at, id and one action of: {', '.join(_ACTIONS)}"
 _ACTION_KEYS: dict[str, tuple[str, ...]] = {
@@ -66,12 +72,15 @@ class Known:
 
     duration_ms: int
     node_gpus: dict[str, int]
-    fabrics: list[str]
-    models: list[str]
+    fabrics: dict[str, None]
+    """Keys only: a dict keeps file order and looks a name up at once, in fleets of any size."""
+    models: dict[str, None]
+    totals: ReplicaTotals = field(default_factory=ReplicaTotals)
+    """Grows with each `set_replicas` above a deployment's count so far."""
     fault_at_ms: dict[str, int] = field(default_factory=dict)
 
     def node(self, node: Node, where: str) -> NodeId:
-        value = yn.text(node, where)
+        value = _ref(node, where)
         if value not in self.node_gpus:
             raise yn.Invalid.at(
                 node, f"{where}: unknown node '{value}' (known: {yn.preview(list(self.node_gpus))})"
@@ -79,24 +88,25 @@ class Known:
         return NodeId(value)
 
     def fabric(self, node: Node, where: str) -> FabricId:
-        value = yn.text(node, where)
+        value = _ref(node, where)
         if value not in self.fabrics:
             raise yn.Invalid.at(
-                node, f"{where}: unknown fabric '{value}' (known: {yn.preview(self.fabrics)})"
+                node, f"{where}: unknown fabric '{value}' (known: {yn.preview(list(self.fabrics))})"
             )
         return FabricId(value)
 
     def model(self, node: Node, where: str) -> ModelName:
-        value = yn.text(node, where)
+        value = _ref(node, where)
         if value not in self.models:
             raise yn.Invalid.at(
                 node,
-                f"{where}: '{value}' is not a deployed model (deployed: {yn.preview(self.models)})",
+                f"{where}: '{value}' is not a deployed model "
+                f"(deployed: {yn.preview(list(self.models))})",
             )
         return ModelName(value)
 
     def fault_id(self, node: Node, where: str) -> str:
-        value = yn.text(node, where)
+        value = _ref(node, where)
         if value not in self.fault_at_ms:
             raise yn.Invalid.at(
                 node,
@@ -108,7 +118,7 @@ class Known:
     def time(self, node: Node, where: str, past_end: bool = False) -> tuple[TimeExpr, int]:
         """A time expression whose fault ids are all resolved, checked to lie inside the run;
         with `past_end`, a time after the end is taken as the end (a window's closing time)."""
-        expr = _parse(node, where, list(self.fault_at_ms))
+        expr = _parse(node, where, self.fault_at_ms)
         ms = resolve_time(expr, self.fault_at_ms, self.duration_ms)
         if past_end and ms > self.duration_ms:
             return expr, self.duration_ms
@@ -124,9 +134,15 @@ class Known:
             )
 
 
-def _parse(node: Node, where: str, fault_ids: list[str]) -> TimeExpr:
+def _ref(node: Node, where: str) -> str:
+    """A reference to a name: its text, no longer than a name may be."""
+    return yn.text(node, where, MAX_NAME_LEN, "names")
+
+
+def _parse(node: Node, where: str, fault_ids: Collection[str]) -> TimeExpr:
+    """A time as written: a name, a sign and a duration at most, hence its length bound."""
     try:
-        return parse_time(yn.text(node, where), fault_ids)
+        return parse_time(yn.text(node, where, MAX_TIME_LEN, "times"), fault_ids)
     except ValueError as err:
         raise yn.Invalid.at(node, f"{where}: {err}") from None
 
@@ -146,7 +162,7 @@ def load_faults(node: Node, known: Known) -> tuple[tuple[Fault, ...], Known]:
     """The sorted faults, and `known` extended with every fault id's time."""
     raws: list[_Raw] = []
     index_of: dict[str, int] = {}
-    for i, item in enumerate(yn.items(node, "faults")):
+    for i, item in enumerate(yn.items(node, "faults", MAX_FAULTS)):
         where = f"faults[{i}]"
         view = yn.MapView(item, where)
         view.check_keys(("at", "id", *_ACTIONS), _FAULT_HINT)
@@ -169,7 +185,7 @@ def load_faults(node: Node, known: Known) -> tuple[tuple[Fault, ...], Known]:
         action = _action(actions[0].key, actions[0].value, f"{where}.{actions[0].key}", known)
         raws.append(_Raw(where, yn.line_of(item), fault_id, at_node, action))
 
-    exprs = [_parse(r.at_node, f"{r.where}.at", list(index_of)) for r in raws]
+    exprs = [_parse(r.at_node, f"{r.where}.at", index_of) for r in raws]
     try:
         times = resolve_times(exprs, index_of, known.duration_ms)
     except TimeCycle as cycle:
@@ -223,12 +239,12 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             members = yn.items(nodes_node, nodes_where)
             if not members:
                 raise yn.Invalid.at(nodes_node, f"{nodes_where} must name at least one node")
-            nodes: list[NodeId] = []
+            nodes: dict[NodeId, None] = {}  # file order; a dict finds repeats at once
             for i, member in enumerate(members):
                 node_id = known.node(member, f"{nodes_where}[{i}]")
                 if node_id in nodes:
                     raise yn.Invalid.at(member, f"{nodes_where}: node '{node_id}' is listed twice")
-                nodes.append(node_id)
+                nodes[node_id] = None
             return Partition(tuple(nodes), yn.duration(*need("for"), positive=True))
         case "kill_engine":
             return KillEngine(known.node(*need("node")), known.model(*need("replica_of")))
@@ -251,6 +267,8 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
         case "set_replicas":
             model = known.model(*need("model"))
             replicas_node, replicas_where = need("replicas")
-            return SetReplicas(model, yn.integer(replicas_node, replicas_where, minimum=0))
+            replicas = yn.integer(replicas_node, replicas_where, minimum=0, maximum=MAX_REPLICAS)
+            known.totals.raise_to(model, replicas, replicas_node, replicas_where)
+            return SetReplicas(model, replicas)
     # Only reachable if scenario.FAULT_KEYS grows before this reader does.
     raise yn.Invalid.at(value, f"{where}: this loader cannot read '{key}' faults yet")

@@ -11,7 +11,12 @@ Invariants:
   a repeated key is an error at its second occurrence. Merge keys (`<<`) are refused.
 - Strings are read from the scalar's text, so `01` as a name stays `01`; integers must be plain
   decimal and booleans must be YAML booleans, never quoted strings.
-- Walking follows the schema only, so aliases (even recursive ones) cannot make it loop.
+- Walking follows the schema only, so aliases (even recursive ones) cannot make it loop; before
+  any walk, `check_graph` refuses a document too deep, recursive, or larger than
+  `MAX_YAML_NODES` values once its aliases are counted as copies (an alias bomb), without ever
+  expanding it.
+- Every scalar is bounded before it is converted (`loader_limits`): strings and names by length,
+  whole numbers by digits and by the range the caller gives, durations by `MAX_DURATION_MS`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,14 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from llmgw_twin import units
+from llmgw_twin.twin.loader_limits import (
+    MAX_DEPTH,
+    MAX_DIGITS,
+    MAX_DURATION_MS,
+    MAX_NAME_LEN,
+    MAX_STRING_LEN,
+    MAX_YAML_NODES,
+)
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 """Names of scenarios, nodes, fabrics, profiles, models and fault ids."""
@@ -31,6 +44,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _TAG = "tag:yaml.org,2002:"
 _STR_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "timestamp"))
 _DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9_]*)")
+_LINE_BREAKS = ("\n", "\x85", "\u2028", "\u2029")  # after \r is normalised; as PyYAML counts
 _TRUE = frozenset(("yes", "true", "on"))
 _FALSE = frozenset(("no", "false", "off"))
 
@@ -75,13 +89,64 @@ def compose(source: str) -> Node | None:
         raise Invalid(line, column, f"invalid YAML: {what}") from None
     except yaml.reader.ReaderError as err:
         pos = max(0, min(err.position, len(source)))
-        line = source.count("\n", 0, pos) + 1
-        column = pos - (source.rfind("\n", 0, pos) + 1) + 1
+        line = sum(source.count(b, 0, pos) for b in _LINE_BREAKS) + 1
+        column = pos - (max(source.rfind(b, 0, pos) for b in _LINE_BREAKS) + 1) + 1
         raise Invalid(line, column, f"invalid YAML: {err.reason} {err.character!r}") from None
     except yaml.YAMLError as err:
         raise Invalid(1, 1, f"invalid YAML: {err}") from None
     except RecursionError:
         raise Invalid(1, 1, "invalid YAML: nested too deeply") from None
+
+
+def check_graph(root: Node) -> None:
+    """Refuse a document nested deeper than `MAX_DEPTH`, holding an alias to one of its own
+    enclosing values, or larger than `MAX_YAML_NODES` values when every alias counts as a copy of
+    what it names. Aliases are never expanded: each distinct node is visited once (a composed
+    document shares the anchored node), and its expanded size is computed from its children's."""
+    size: dict[int, int] = {}  # id(node) -> values under it, itself included, aliases expanded
+    open_ids: set[int] = set()  # membership only: the nodes on the current path
+    stack: list[tuple[Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, children_done = stack.pop()
+        key = id(node)
+        kids = _children(node)
+        if children_done:
+            open_ids.discard(key)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            if size[key] > MAX_YAML_NODES:
+                raise Invalid.at(
+                    node,
+                    f"the document is too large: more than {MAX_YAML_NODES:,} values "
+                    "(an alias counts as a copy of what it names)",
+                )
+            continue
+        if key in size:
+            continue
+        if depth > MAX_DEPTH:
+            raise Invalid.at(node, f"nested too deeply (at most {MAX_DEPTH} levels)")
+        open_ids.add(key)
+        stack.append((node, depth, True))
+        for kid in reversed(kids):
+            if id(kid) in open_ids:
+                raise Invalid.at(
+                    kid,
+                    "an alias refers to a value that contains it (recursive aliases are refused)",
+                )
+            if id(kid) not in size:
+                stack.append((kid, depth + 1, False))
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    return []
+
+
+def short(value: str, limit: int = 80) -> str:
+    """`value`, or its start and its length when longer than `limit`, for messages."""
+    return value if len(value) <= limit else f"{value[: limit - 3]}... ({len(value):,} characters)"
 
 
 def kind_of(node: Node) -> str:
@@ -144,7 +209,8 @@ class MapView:
             if first is not None:
                 raise Invalid.at(
                     key_node,
-                    f"duplicate key '{key}' in {where} (first at line {line_of(first.key_node)})",
+                    f"duplicate key '{short(key)}' in {where} "
+                    f"(first at line {line_of(first.key_node)})",
                 )
             entry = Entry(key, key_node, value)
             self.entries.append(entry)
@@ -155,7 +221,8 @@ class MapView:
             if entry.key not in allowed:
                 hint = expected or f"one of: {', '.join(allowed)}"
                 raise Invalid.at(
-                    entry.key_node, f"unknown key '{entry.key}' in {self.where} (expected {hint})"
+                    entry.key_node,
+                    f"unknown key '{short(entry.key)}' in {self.where} (expected {hint})",
                 )
 
     def has(self, key: str) -> bool:
@@ -180,22 +247,34 @@ class MapView:
         return entry.value
 
 
-def items(node: Node, where: str) -> list[Node]:
-    """The items of a list node."""
+def items(node: Node, where: str, maximum: int | None = None) -> list[Node]:
+    """The items of a list node; more than `maximum` is an error at the first one too many."""
     if not isinstance(node, SequenceNode):
         raise Invalid.at(node, f"{where} must be a list, got {kind_of(node)}")
+    if maximum is not None and len(node.value) > maximum:
+        raise Invalid.at(
+            node.value[maximum],
+            f"{where} has {len(node.value):,} items, more than the {maximum:,} allowed",
+        )
     return list(node.value)
 
 
-def text(node: Node, where: str) -> str:
-    """A scalar's text as written (numbers and booleans included); null and collections fail."""
+def text(node: Node, where: str, limit: int = MAX_STRING_LEN, what: str = "strings") -> str:
+    """A scalar's text as written (numbers and booleans included); null and collections fail,
+    and so does text longer than `limit` characters."""
     if not isinstance(node, ScalarNode) or node.tag not in _STR_TAGS:
         raise Invalid.at(node, f"{where} must be a string, got {kind_of(node)}")
-    return str(node.value)
+    value = str(node.value)
+    if len(value) > limit:
+        raise Invalid.at(
+            node,
+            f"{where} is too long: {len(value):,} characters ({what} have at most {limit:,})",
+        )
+    return value
 
 
 def name(node: Node, where: str, what: str = "name") -> str:
-    value = text(node, where)
+    value = text(node, where, MAX_NAME_LEN, "names")
     if not NAME_RE.fullmatch(value):
         raise Invalid.at(
             node,
@@ -205,16 +284,26 @@ def name(node: Node, where: str, what: str = "name") -> str:
     return value
 
 
-def integer(node: Node, where: str, minimum: int | None = None) -> int:
+def integer(node: Node, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A plain decimal whole number of at most `MAX_DIGITS` digits, within the bounds given."""
     value = str(node.value) if isinstance(node, ScalarNode) else ""
     if not (
         isinstance(node, ScalarNode) and node.tag == _TAG + "int" and _DECIMAL.fullmatch(value)
     ):
         plain = " plain decimal" if is_int(node) else ""  # 0x10, 010, 1:30 are YAML ints too
         raise Invalid.at(node, f"{where} must be a{plain} whole number, got {kind_of(node)}")
-    number = int(value.replace("_", ""))
+    digits = value.lstrip("+-").replace("_", "")
+    if len(digits) > MAX_DIGITS:
+        raise Invalid.at(
+            node,
+            f"{where}: a number of {len(digits):,} digits is too long "
+            f"(at most {MAX_DIGITS} digits)",
+        )
+    number = int(digits) * (-1 if value.startswith("-") else 1)
     if minimum is not None and number < minimum:
         raise Invalid.at(node, f"{where} must be at least {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise Invalid.at(node, f"{where} must be at most {maximum:,}, got {number:,}")
     return number
 
 
@@ -227,21 +316,35 @@ def boolean(node: Node, where: str) -> bool:
 
 
 def duration(node: Node, where: str, positive: bool = False) -> int:
-    """A duration in integer milliseconds; `positive` refuses zero."""
+    """A duration in integer milliseconds, at most `MAX_DURATION_MS`; `positive` refuses zero."""
+    written = text(node, where)
     try:
-        ms = units.parse_duration(text(node, where))
+        ms = units.parse_duration(written)
     except ValueError as err:
         raise Invalid.at(node, f"{where}: {err}") from None
     if positive and ms == 0:
         raise Invalid.at(node, f"{where} must be longer than 0")
+    if ms > MAX_DURATION_MS:
+        raise Invalid.at(
+            node,
+            f"{where}: '{written}' is longer than {units.fmt_duration(MAX_DURATION_MS)} "
+            "(30 days, the longest duration a scenario may use)",
+        )
     return ms
 
 
-def size_mib(node: Node, where: str) -> int:
+def size_mib(node: Node, where: str, maximum: int) -> int:
+    """A size in integer MiB, at most `maximum`."""
+    written = text(node, where)
     try:
-        return units.parse_size_mib(text(node, where))
+        mib = units.parse_size_mib(written)
     except ValueError as err:
         raise Invalid.at(node, f"{where}: {err}") from None
+    if mib > maximum:
+        raise Invalid.at(
+            node, f"{where}: '{written}' is more than {maximum:,}MiB (the most allowed)"
+        )
+    return mib
 
 
 def choice(node: Node, where: str, allowed: Sequence[str], what: str) -> str:
@@ -249,6 +352,7 @@ def choice(node: Node, where: str, allowed: Sequence[str], what: str) -> str:
     value = text(node, where)
     if value not in allowed:
         raise Invalid.at(
-            node, f"{where}: unknown {what} {value!r} (expected one of: {', '.join(allowed)})"
+            node,
+            f"{where}: unknown {what} {short(value)!r} (expected one of: {', '.join(allowed)})",
         )
     return value

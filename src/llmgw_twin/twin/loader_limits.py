@@ -1,0 +1,122 @@
+"""The bounds a scenario file must keep, so that loading it and running it always end.
+
+Role: one place for every limit the loader enforces (docs/scenarios.md, "Limits", lists each
+with its reason, and a test checks that table against `LIMITS`), and `steps`, the estimate of a
+run's work that the loader bounds. Nothing here reads YAML; `yamlnodes` and the loader modules
+apply these numbers where the values are read, so each refusal points at the offending value.
+
+Invariants:
+- Every bound leaves real use open: the twin is benchmarked at 10,000 nodes for 24 hours of
+  virtual time, and every bound here is above what such a run needs.
+- A file within every bound loads in seconds and runs at most `MAX_STEPS` heartbeats and
+  reconcile probes: no file can ask for a run that takes practically forever.
+"""
+
+from __future__ import annotations
+
+from llmgw_twin.units import MAX_DIGITS, MAX_NAME_LEN
+
+__all__ = [
+    "LIMITS",
+    "MAX_ARGS",
+    "MAX_COUNT",
+    "MAX_DEPLOYMENTS",
+    "MAX_DEPTH",
+    "MAX_DIGITS",
+    "MAX_DURATION_MS",
+    "MAX_EXPECTATIONS",
+    "MAX_FAULTS",
+    "MAX_FILE_BYTES",
+    "MAX_FLEET_GPUS",
+    "MAX_GPUS_PER_NODE",
+    "MAX_GPU_MEMORY_MIB",
+    "MAX_NAME_LEN",
+    "MAX_NODES",
+    "MAX_PROFILES",
+    "MAX_REPLICAS",
+    "MAX_SHARDS",
+    "MAX_SHARDS_PER_REPLICA",
+    "MAX_STEPS",
+    "MAX_STRING_LEN",
+    "MAX_YAML_NODES",
+    "steps",
+]
+
+MAX_FILE_BYTES = 2 * 1024 * 1024
+"""A scenario file's size in bytes (UTF-8): 100,000 node names listed take about 1.2 MB."""
+MAX_YAML_NODES = 1_000_000
+"""Values in the document, each alias counted as a copy of what it names (alias bombs)."""
+MAX_DEPTH = 32
+"""Nesting of mappings and lists; the format itself needs 6."""
+MAX_STRING_LEN = 4096
+"""Characters in a string that is not a name: description, model path, engine args, reasons."""
+MAX_NODES = 100_000
+"""Nodes in the fleet."""
+MAX_GPUS_PER_NODE = 1024
+"""A node's `gpus`, and a profile's `gpus_per_node`."""
+MAX_FLEET_GPUS = 1_000_000
+"""GPUs in the whole fleet."""
+MAX_GPU_MEMORY_MIB = 4 * 1024 * 1024
+"""A GPU's memory: 4 TiB."""
+MAX_PROFILES = 1_000
+MAX_SHARDS_PER_REPLICA = 1024
+"""A profile's `nodes`."""
+MAX_ARGS = 256
+"""Extra engine flags in one profile."""
+MAX_DEPLOYMENTS = 1_000
+MAX_REPLICAS = 100_000
+"""Replicas of one deployment, and of all together, each deployment counted at the largest
+replica count the file ever gives it (its `replicas`, or a `set_replicas` fault)."""
+MAX_SHARDS = 1_000_000
+"""Shards of all deployments together: replicas times their profile's `nodes`, counted as for
+`MAX_REPLICAS`."""
+MAX_FAULTS = 10_000
+MAX_EXPECTATIONS = 1_000
+"""Items of `expect` (each event expectation is judged against the whole trace)."""
+MAX_DURATION_MS = 30 * 24 * 3_600_000
+"""Any duration: the run, timings, load times, timeouts, outages. Times lie inside the run."""
+MAX_COUNT = 1_000_000
+"""A count that is not a size of the fleet: timings counts, an expectation's `count`."""
+MAX_STEPS = 200_000_000
+"""The most work a run may ask for, by `steps`: 2.3 times the benchmarked 10,000 nodes for
+24 hours (86.6 million steps)."""
+
+
+def steps(
+    duration_ms: int,
+    nodes: int,
+    deployments: int,
+    heartbeat_interval_ms: int,
+    reconcile_interval_ms: int,
+) -> int:
+    """A run's work: every node's heartbeats, and every reconcile with its one health probe per
+    deployed model. Quiet heartbeats dominate a steady run's cost (docs/performance.md)."""
+    beats = duration_ms * nodes // heartbeat_interval_ms
+    reconciles = duration_ms * (1 + deployments) // reconcile_interval_ms
+    return beats + reconciles
+
+
+LIMITS: dict[str, int] = {
+    "file size": MAX_FILE_BYTES,
+    "values, aliases expanded": MAX_YAML_NODES,
+    "nesting depth": MAX_DEPTH,
+    "digits of a number": MAX_DIGITS,
+    "name length": MAX_NAME_LEN,
+    "string length": MAX_STRING_LEN,
+    "nodes": MAX_NODES,
+    "GPUs per node": MAX_GPUS_PER_NODE,
+    "GPUs in the fleet": MAX_FLEET_GPUS,
+    "GPU memory (MiB)": MAX_GPU_MEMORY_MIB,
+    "profiles": MAX_PROFILES,
+    "shards per replica": MAX_SHARDS_PER_REPLICA,
+    "engine args per profile": MAX_ARGS,
+    "deployments": MAX_DEPLOYMENTS,
+    "replicas": MAX_REPLICAS,
+    "shards": MAX_SHARDS,
+    "faults": MAX_FAULTS,
+    "expectations": MAX_EXPECTATIONS,
+    "duration (ms)": MAX_DURATION_MS,
+    "counts": MAX_COUNT,
+    "steps": MAX_STEPS,
+}
+"""Every bound by the name the docs table gives it in its first column."""
