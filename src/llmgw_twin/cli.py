@@ -11,6 +11,8 @@
 
 `run` exit status: 0 every file passed; 1 an expectation or invariant failed; 2 a file is not a
 valid scenario (or asks for what the twin cannot run), with file, line, column and what is wrong.
+Each file is judged on its own: one that cannot be loaded, or whose run fails inside the twin, is
+reported in one line (never a traceback) and the other files still run.
 Subcommands other than `run` live in their own modules and are imported only when used, so the
 twin's start-up does not pay for a web framework.
 """
@@ -104,6 +106,17 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _cannot(path: str, doing: str, err: Exception) -> str:
+    """One line for an exception the loader or the twin should never raise: a bug, not bad
+    input, but still this file's problem alone."""
+    try:
+        what = f"{type(err).__name__}: {err}"
+    except Exception:  # an exception whose text cannot be made is still reported
+        what = type(err).__name__
+    what = what if len(what) <= 300 else what[:297] + "..."
+    return f"error: {path}:1:1: internal error while {doing} this file ({what}); please report it"
+
+
 def cmd_run_real(args: argparse.Namespace) -> int:
     from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
     from llmgw_twin.realmode.runner import check_real_supported, run_real
@@ -127,6 +140,10 @@ def cmd_run_real(args: argparse.Namespace) -> int:
             check_real_supported(scenario)
         except (ScenarioError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
+            worst = max(worst, EXIT_INVALID)
+            continue
+        except Exception as e:  # one file's failure must not stop the others
+            print(_cannot(path, "loading", e), file=sys.stderr)
             worst = max(worst, EXIT_INVALID)
             continue
 
@@ -159,13 +176,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     worst = EXIT_OK
     for path in args.files:
+        doing = "loading"
         try:
             scenario = load_scenario(path)
+            doing = "running"
             started = time.perf_counter()
             result = run_scenario(scenario, seed=args.seed)
             wall_ms = round((time.perf_counter() - started) * 1000)
         except (ScenarioError, UnsupportedScenario) as e:
             print(f"error: {e}", file=sys.stderr)
+            worst = max(worst, EXIT_INVALID)
+            continue
+        except Exception as e:  # one file's failure must not stop the others
+            print(_cannot(path, doing, e), file=sys.stderr)
             worst = max(worst, EXIT_INVALID)
             continue
         if args.json:
