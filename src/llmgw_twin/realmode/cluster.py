@@ -7,6 +7,10 @@ and a pair of cuttable proxies that carry all of its traffic with the controller
 direction: a partition cuts them. Every process is started in a new session (its own process
 group), never through a shell, and `stop_all` ends every group this cluster started (and still
 runs this project's code), then checks that none is left.
+
+The cluster runs with credentials, as production does: the controller's config lists the hash
+of an admin token the cluster made, and each node is onboarded through the admin API
+(`onboard_all`, before its agent starts), its agent reading the credential file written for it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import yaml
 
 from llmgw_twin.core.model import NodeId, Timings
 from llmgw_twin.realmode.proxy import CuttableProxy
+from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
 from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
 from llmgw_twin.twin.scenario import Scenario
 from llmgw_twin.units import fmt_duration, setting_keys
@@ -83,6 +88,10 @@ class RealCluster:
         self.nodes: dict[NodeId, NodeProcs] = {}
         self.started_groups: set[int] = set()
         self._logs: list[TextIO] = []
+        self._admin_token = new_token()
+        self.admin_headers = {"authorization": f"Bearer {self._admin_token}"}
+        """What the harness sends with every admin call to the controller."""
+        self._controller_tokens: dict[NodeId, str] = {}
         slot = os.getpid() % (ENGINE_PORTS_SLOTS - len(scenario.nodes))
         self._engine_ports_from = ENGINE_PORTS_FROM + slot * PORTS_PER_NODE
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -113,6 +122,7 @@ class RealCluster:
                 for p in sc.profiles
             },
             # no deployments: the run applies them once every agent has registered
+            "auth": {"admin_tokens": [token_hash(self._admin_token)]},
         }
         path = self.workdir / "controller.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=True))
@@ -122,6 +132,8 @@ class RealCluster:
         """Roots, proxies and agent configs for every node of the scenario."""
         slot = os.getpid() % 50_000
         addresses = {n.node: node_address(slot, i) for i, n in enumerate(self.scenario.nodes)}
+        # the agents' launch policy: the models the scenario's profiles name, and nothing else
+        models = sorted({p.model for p in self.scenario.profiles if p.engine != "sim"})
         for i, info in enumerate(self.scenario.nodes):
             root = self.workdir / "nodes" / info.node
             write_sysfs_root(
@@ -151,12 +163,33 @@ class RealCluster:
                 "stop_grace": "2s",
                 "worker_settle": "200ms",
                 "log_dir": str(self.workdir / "logs" / info.node),
+                "policy": {"model_dirs": models},
+                "credential": str(self._credential_path(info.node)),
             }
             path = self.workdir / f"agent-{info.node}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=True))
             self.nodes[info.node] = NodeProcs(
                 info.node, i, path, agent_port, to_controller, to_agent
             )
+
+    def _credential_path(self, node: NodeId) -> Path:
+        return self.workdir / f"agent-{node}.cred"
+
+    async def onboard_all(self, client: httpx.AsyncClient) -> None:
+        """Issue each node's credential, bound to the proxy its controller reaches it through,
+        and write the file its agent reads; the controller must be up."""
+        for node, n in sorted(self.nodes.items()):
+            r = await client.post(
+                f"{self.controller_url}/v1/admin/nodes/{node}/credential",
+                json={"agent_url": f"http://127.0.0.1:{n.to_agent.port}"},
+                headers=self.admin_headers,
+            )
+            r.raise_for_status()
+            body = r.json()
+            CredentialFile(node, body["token"], body["controller_token"]).write(
+                self._credential_path(node)
+            )
+            self._controller_tokens[node] = body["controller_token"]
 
     # --- processes ---------------------------------------------------------------------------
 
@@ -197,7 +230,12 @@ class RealCluster:
     def agent_state(self, node: NodeId) -> dict[str, Any] | None:
         """The agent's own view, asked directly (not through the proxies a partition cuts)."""
         try:
-            r = httpx.get(f"http://127.0.0.1:{self.nodes[node].agent_port}/v1/state", timeout=2)
+            token = self._controller_tokens.get(node, "")
+            r = httpx.get(
+                f"http://127.0.0.1:{self.nodes[node].agent_port}/v1/state",
+                headers={"authorization": f"Bearer {token}"},
+                timeout=2,
+            )
             return r.json() if r.status_code == 200 else None
         except httpx.HTTPError:
             return None

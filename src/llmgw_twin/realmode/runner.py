@@ -139,11 +139,12 @@ class RealRun:
         )
         self.t0 = time.monotonic()
         cluster.start_controller(config)
-        for node in sorted(cluster.nodes):
-            cluster.start_agent(node)
         assert cluster.controller is not None
         await asyncio.to_thread(cluster.wait_healthy, cluster.controller_url, cluster.controller)
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with httpx.AsyncClient(timeout=5.0, headers=cluster.admin_headers) as client:
+            await cluster.onboard_all(client)
+            for node in sorted(cluster.nodes):
+                cluster.start_agent(node)
             # Processes take seconds to start where the twin's take none: the run's clock starts
             # once every agent has registered, with the deployments applied at that instant, so
             # that placement sees the whole fleet as it does in the twin.
