@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -390,3 +391,70 @@ def test_an_agent_refuses_a_credential_of_another_node(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="the credential is node n2's"):
         AgentRuntime(settings, info=node_info("n1"))
     assert replace(settings, credential=None).credential is None
+
+
+# --- what the configs demand ------------------------------------------------------------------
+
+HASH = token_hash("lgw_example")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("listen: {host: 0.0.0.0, port: 8080}\n", "is not a loopback address, so it needs an auth"),
+        (
+            f"listen: {{host: 10.1.2.3, port: 8080}}\nauth: {{admin_tokens: ['{HASH}']}}\n",
+            "needs TLS (cert and key), or listen.allow_plaintext: true",
+        ),
+        ("listen: {port: 8080}\nauth: {admin_tokens: []}\n", "at least one admin token hash"),
+        (
+            "listen: {port: 8080}\nauth: {admin_tokens: [lgw_a_token_not_its_hash]}\n",
+            "auth.admin_tokens[0]: expected a token hash sha256:",
+        ),
+        (
+            f"listen: {{port: 8080}}\nauth: {{admin_tokens: ['{HASH}'], api_keys: [x]}}\n",
+            "auth.api_keys[0]: expected a token hash",
+        ),
+    ],
+)
+def test_a_controller_config_that_would_open_the_fleet_is_refused(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    from llmgw_twin.service.config import ConfigError, load_controller_config
+
+    (tmp_path / "c.yaml").write_text("store: c.db\n" + extra)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_controller_config(tmp_path / "c.yaml")
+
+
+def test_a_controller_config_on_another_address_with_auth_and_tls_or_explicit_plaintext(
+    tmp_path: Path,
+) -> None:
+    from llmgw_twin.service.config import load_controller_config
+
+    auth = f"auth: {{admin_tokens: ['{HASH}']}}\n"
+    (tmp_path / "c.yaml").write_text(
+        "store: c.db\nlisten: {host: 10.1.2.3, port: 8080, tls: {cert: c.pem, key: c.key}}\n" + auth
+    )
+    s = load_controller_config(tmp_path / "c.yaml")
+    assert s.tls is not None and s.tls.cert == tmp_path / "c.pem" and s.tls.client_ca is None
+    assert s.auth is not None and s.auth.admin_hashes == (HASH,) and s.auth.api_key_hashes == ()
+    assert s.auth.secret_file == Path(str(tmp_path / "c.db") + ".key")
+    (tmp_path / "c.yaml").write_text(
+        "store: c.db\nlisten: {host: 10.1.2.3, port: 8080, allow_plaintext: true}\n" + auth
+    )
+    assert load_controller_config(tmp_path / "c.yaml").tls is None
+
+
+def test_an_agent_on_another_address_needs_a_credential(tmp_path: Path) -> None:
+    from llmgw_twin.service.config import ConfigError
+
+    base = "node: n1\ncontroller: http://c\nroot: /\nfabric: ib-a\nports: {first: 1, last: 2}\n"
+    (tmp_path / "a.yaml").write_text(base + "listen: {host: 0.0.0.0, port: 8100}\n")
+    with pytest.raises(ConfigError, match="so it needs a credential"):
+        load_agent_config(tmp_path / "a.yaml")
+    (tmp_path / "a.yaml").write_text(
+        base + "credential: n1.cred\nlisten: {host: 0.0.0.0, port: 8100, tls: {cert: a, key: b}}\n"
+    )
+    s = load_agent_config(tmp_path / "a.yaml")
+    assert s.credential == tmp_path / "n1.cred" and s.advertise_url == "https://0.0.0.0:8100"
