@@ -72,6 +72,7 @@ class LocalShard:
     argv: tuple[str, ...] = ()
     endpoint: str | None = None
     exit_code: int | None = None
+    reason: str | None = None
 
     def holds_gpus(self) -> bool:
         """Every phase but waiting: an exited shard's processes are stopped only when the
@@ -113,7 +114,7 @@ class AgentCore:
         can tell an unchanged heartbeat at the cost of one comparison."""
         if self._report is None:
             reports = tuple(
-                ShardReport(s.spec, _REPORTED[s.phase], s.endpoint, s.exit_code, s.argv)
+                ShardReport(s.spec, _REPORTED[s.phase], s.endpoint, s.exit_code, s.argv, s.reason)
                 for s in self.shards()
                 if s.phase in _REPORTED
             )
@@ -151,11 +152,11 @@ class AgentCore:
                     self._shards[key].endpoint = endpoint
             case EngineUnresponsive(key=key):
                 changed = self._advance(key, Phase.UNRESPONSIVE)
-            case EngineExited(key=key, exit_code=code):
+            case EngineExited(key=key, exit_code=code, reason=reason):
                 changed = self._advance(key, Phase.EXITED)
                 if changed:
                     shard = self._shards[key]
-                    shard.endpoint, shard.exit_code = None, code
+                    shard.endpoint, shard.exit_code, shard.reason = None, code, reason
                     # its GPUs stay held: the leader exited, but its workers or children may
                     # still hold GPU memory until the shard is stopped as a whole
             case ShardStopped(key=key, token=token):

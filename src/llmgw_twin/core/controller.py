@@ -377,6 +377,10 @@ class Controller:
         if report.state is ShardState.EXITED:
             # whole no more: out of service in this very step, not at the next tick
             reason = f"shard {rank} exited with code {report.exit_code} on {spec.node}"
+            if report.reason is not None:  # the agent's own words: it refused, or stopped it
+                reason = (
+                    f"shard {rank} on {spec.node}: {report.reason} (exit code {report.exit_code})"
+                )
             self._life.fail(rec, reason, spec.node, crash=True, reporter=spec.node)
             return
         if rec.state is ReplicaState.ADOPTING:

@@ -289,6 +289,8 @@ class ShardReport:
     endpoint: str | None = None
     exit_code: int | None = None
     argv: tuple[str, ...] = ()
+    reason: str | None = None
+    """Why the shard exited, when the agent says (it refused the launch, or stopped it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,6 +175,9 @@ class FabricLink:
 class EngineExited:
     key: ShardKey
     exit_code: int
+    reason: str | None = None
+    """Why, when the agent itself ended the shard or refused to start it (its exit codes above
+    255); None for a process's own exit."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,7 @@ class ShardReportW(Mirror[ShardReport]):
     endpoint: Url | None = None
     exit_code: Annotated[int, Strict()] | None = None
     argv: list[Arg] = []
+    reason: Text | None = None
 
 
 class NodeRegisteredW(Wire):
