@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from llmgw_twin.core.model import ENGINES, Deployment, ModelName, Profile, ProfileName, Timings
 from llmgw_twin.service.auth import check_hash, is_loopback
+from llmgw_twin.service.policy import DEFAULT_POLICY, PolicyC, PolicySettings, policy_settings
 from llmgw_twin.service.tls import ClientTls, ServerTls
 from llmgw_twin.service.wire import (
     Count,
@@ -142,6 +143,7 @@ class AgentFile(_Strict):
     worker_settle: Duration = "1s"
     ready_timeout: Duration = "30m"
     log_dir: Text | None = None
+    policy: PolicyC = PolicyC()
     credential: Text | None = None
     controller_tls: ClientTlsC | None = None
 
@@ -201,6 +203,7 @@ class AgentSettings:
     worker_settle_ms: int
     ready_timeout_ms: int
     log_dir: Path | None
+    policy: PolicySettings = DEFAULT_POLICY
     credential: Path | None = None
     """The node's credential file (`llmgw-twin ctl onboard`); None: no credentials."""
     tls: ServerTls | None = None
@@ -449,6 +452,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         worker_settle_ms=_duration(path, "worker_settle", f.worker_settle),
         ready_timeout_ms=_duration(path, "ready_timeout", f.ready_timeout, positive=True),
         log_dir=_relative(path, f.log_dir) if f.log_dir is not None else None,
+        policy=policy_settings(path, f.policy),
         credential=credential,
         tls=tls,
         controller_tls=_client_tls(path, f.controller_tls),

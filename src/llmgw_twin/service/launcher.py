@@ -1,10 +1,11 @@
 """How the agent turns a shard spec into processes: the sidecar's argv, the engine's argv, and
 which programs it may run.
 
-Role: pure decisions of the agent's shell that need no process and no socket, kept apart so they
+Role: decisions of the agent's shell that need no process and no socket, kept apart so they
 are tested on literals: the `LaunchContext` for a shard (every node on this machine is reached
 at its configured address, each agent hands out ports from its own range), the engine's argv
-from the engine adapter, and the rule for which argv may run.
+from the engine adapter, and the rules for which argv may run: `checked_launch` applies them
+all (the program, then the launch policy of `policy.py`) before any process of the shard starts.
 
 The rule (`resolve_argv`): an argv runs only if its program is
 - the sim engine's own program (`llmgw-twin`, the sim adapter's default) for the sim engine with
@@ -18,13 +19,14 @@ Anything else is refused (`Refusal`, with the reason); no argv ever goes through
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmgw_twin.core.model import ShardSpec
 from llmgw_twin.engines.base import Launch, LaunchContext, Readiness, replica_nodes
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.engines.sim import PROGRAM as SIM_PROGRAM
 from llmgw_twin.service.config import AgentSettings
+from llmgw_twin.service.policy import PolicyError, check_launch
 
 SIM_MODULE_ARGV = (sys.executable, "-m", "llmgw_twin.cli")
 SIDECAR_ARGV = (sys.executable, "-m", "llmgw_twin.service.sidecar")
@@ -33,7 +35,8 @@ SIDECAR_ARGV = (sys.executable, "-m", "llmgw_twin.service.sidecar")
 # zero, so that no program's own exit status (nor a signal, reported negative) is mistaken
 # for one of these.
 EXIT_REFUSED = 1001
-"""The engine's program is not one this agent may run (see `resolve_argv`)."""
+"""The engine's program is not one this agent may run (see `resolve_argv`), or its command line
+breaks the agent's launch policy (`policy.check_launch`)."""
 EXIT_SPAWN_FAILED = 1002
 """The program could not be started (missing, not executable)."""
 EXIT_SIDECAR_FAILED = 1003
@@ -97,6 +100,21 @@ def resolve_argv(settings: AgentSettings, engine: str, argv: tuple[str, ...]) ->
             EXIT_REFUSED,
         )
     return argv
+
+
+def checked_launch(
+    settings: AgentSettings, spec: ShardSpec, http_port: int
+) -> tuple[Launch, tuple[str, ...]]:
+    """The engine's `Launch` and the argv to execute, or `Refusal`: every check the agent makes
+    of a shard's command line, done before any process of the shard starts."""
+    launch = engine_launch(settings, spec, http_port)
+    argv = resolve_argv(settings, spec.engine, launch.argv)
+    own = engine_launch(settings, replace(spec, args=()), http_port).argv if spec.args else None
+    try:
+        check_launch(settings.policy, spec, launch.argv, own or launch.argv)
+    except PolicyError as e:
+        raise Refusal(f"refused by the launch policy: {e}", EXIT_REFUSED) from None
+    return launch, argv
 
 
 @dataclass(frozen=True, slots=True)

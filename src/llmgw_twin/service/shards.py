@@ -6,9 +6,11 @@ the sidecar answers `GET /health`; `EngineStarted` with the argv run; `EngineSer
 `EngineJoined` by the readiness rule in `agent_app`; after that, a serving leader's health is
 probed every `PROBE_INTERVAL_S` (`EngineUnresponsive` after `PROBE_FAILURES` misses,
 `EngineServing` again on an answer); `EngineExited` with the process's code, or with one of
-`launcher`'s codes when the engine never ran.
+`launcher`'s codes and the reason when the engine never ran or the agent stopped it.
 
 Invariants:
+- A shard's command line is checked (its program, the launch policy: `launcher.checked_launch`)
+  in `start_sidecar`, before its sidecar starts: a refused shard starts no process at all.
 - An engine is started only by `start_engine`, which the core asks for only after `SidecarUp`;
   `history` records `sidecar-started`, `sidecar-up` and `engine-started` in that order.
 - Events are fed from tasks or deferred with `call_soon`, never from inside the core call that
@@ -53,9 +55,8 @@ from llmgw_twin.service.launcher import (
     EXIT_SPAWN_FAILED,
     Probe,
     Refusal,
-    engine_launch,
+    checked_launch,
     probe_for,
-    resolve_argv,
     sidecar_argv,
 )
 from llmgw_twin.service.processes import PortPool, peek_exit, spawn, stop_group
@@ -73,6 +74,8 @@ PROBE_FAILURES = 2
 """Consecutive failed probes (each bounded by the client's 2 s timeout) that make a leader
 `unresponsive`; one answer makes it `serving` again."""
 HISTORY_KEPT = 1000
+REASON_CHARS = 1000
+"""A reason sent to the controller is cut to this length (the wire takes up to 4096)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class ShardProcs:
     sidecar_port: int | None = None
     http_port: int | None = None
     launch: Launch | None = None
+    argv: tuple[str, ...] = ()
+    """The engine's argv to execute, as `checked_launch` passed it."""
     probe: Probe | None = None
     sidecar: subprocess.Popen[bytes] | None = None
     engine: subprocess.Popen[bytes] | None = None
@@ -122,6 +127,11 @@ class ShardRunner:
         self._client = httpx.AsyncClient(timeout=2.0, trust_env=False)
         if self.settings.log_dir is not None:
             self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.settings.engines and not self.settings.policy.model_dirs:
+            log.warning(
+                "policy.model_dirs is empty: every engine but sim will be refused its model "
+                "(see docs/services.md, the launch policy)"
+            )
 
     async def stop_all(self) -> None:
         for key in list(self._procs):
@@ -140,7 +150,7 @@ class ShardRunner:
         try:
             procs.sidecar_port = self._take_port()
             procs.http_port = self._take_port()
-            procs.launch = engine_launch(self.settings, spec, procs.http_port)
+            procs.launch, procs.argv = checked_launch(self.settings, spec, procs.http_port)
             if procs.launch.port != procs.http_port:
                 self._ports.release(procs.http_port)  # this rank listens elsewhere, or not at all
                 procs.http_port = None
@@ -158,8 +168,8 @@ class ShardRunner:
         if procs is None or procs.launch is None or procs.engine is not None:
             log.error("shard %s/%d: engine asked for out of turn", spec.replica, spec.rank)
             return
+        argv = procs.argv
         try:
-            argv = resolve_argv(self.settings, spec.engine, procs.launch.argv)
             env = {**os.environ, **dict(procs.launch.env)}
             procs.engine = self._spawn(argv, env, spec, "engine")
         except Refusal as r:
@@ -242,7 +252,8 @@ class ShardRunner:
             r.exit_code,
         )
         self._note("refused", spec, None, f"{r} (exit code {r.exit_code})")
-        asyncio.get_running_loop().call_soon(self._feed, EngineExited(spec.key, r.exit_code))
+        exited = EngineExited(spec.key, r.exit_code, _reason(str(r)))
+        asyncio.get_running_loop().call_soon(self._feed, exited)
 
     async def _fail(self, procs: ShardProcs, message: str, exit_code: int) -> None:
         """The shard cannot go on: stop what runs of it and report it exited."""
@@ -259,7 +270,7 @@ class ShardRunner:
         for proc in (procs.engine, procs.sidecar):
             if proc is not None:
                 await stop_group(proc, grace_s)
-        self._feed(EngineExited(spec.key, exit_code))
+        self._feed(EngineExited(spec.key, exit_code, _reason(message)))
 
     async def _await_sidecar(self, procs: ShardProcs) -> None:
         assert procs.sidecar is not None and self._client is not None
@@ -358,3 +369,7 @@ class ShardRunner:
         self._ports.release(procs.http_port)
         # only now may another shard take its GPUs
         self._feed(ShardStopped(procs.spec.key, token))
+
+
+def _reason(message: str) -> str:
+    return message if len(message) <= REASON_CHARS else message[:REASON_CHARS] + "..."
