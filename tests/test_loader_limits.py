@@ -298,7 +298,24 @@ REFUSED: list[tuple[str, str, Needle, str]] = [
         "720h",
         "the run would take 520,992,000 steps",
     ),
-    ("alias bomb", alias_bomb(7), "&a5", "more than 1,000,000 values (an alias counts as a copy"),
+    (
+        "steps: set_replicas toggling big gangs",
+        with_deployments(97, nodes=1024)
+        + "faults:\n"
+        + "".join(
+            f"  - {{at: 1s, set_replicas: {{model: m0, replicas: {97 * (i % 2)}}}}}\n"
+            for i in range(2100)
+        ),
+        "- {at: 1s",
+        "the run would take 208,690,354 steps with its deployments and faults",
+    ),
+    (
+        "steps: controller restarts on a big fleet",
+        fleet_of(25_000) + many("faults", "{{at: 1s, restart_controller: {{down_for: 1s}}}}", 8001),
+        "- {at: 1s",
+        "the run would take 200,175,060 steps",
+    ),
+    ("alias bomb", alias_bomb(7), "&a5", "more than 500,000 values (an alias counts as a copy"),
     ("recursive alias", BASE + "faults: &loop [*loop]\n", "&loop", "recursive aliases are refused"),
     (
         "recursive alias in a mapping",
@@ -307,7 +324,12 @@ REFUSED: list[tuple[str, str, Needle, str]] = [
         "recursive aliases are refused",
     ),
     ("nesting 33 deep", BASE + "description: " + nested(33) + "\n", ("[", 32), "nested too deeply"),
-    ("nesting 5,000 deep", BASE + "description: " + nested(5000) + "\n", None, "nested too deeply"),
+    (
+        "nesting 5,000 deep",
+        BASE + "description: " + nested(5000) + "\n",
+        ("[", 32),
+        "nested too deeply",
+    ),
 ]
 
 
@@ -553,3 +575,14 @@ def test_the_limits_table_in_the_docs_matches_the_code() -> None:
         for m in re.finditer(r"^\| ([^|`]+?) \| ([0-9,]+)[^|]*\|", section, re.M)
     }
     assert rows == lim.LIMITS
+
+
+def test_parsing_stops_at_the_first_value_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmgw_twin.twin import yamlnodes
+
+    monkeypatch.setattr(yamlnodes, "MAX_YAML_NODES", 1000)
+    text = "x: [\n" + "a,\n" * 5000 + "]\n"  # the mapping, its key, the list, then one a a line
+    with pytest.raises(ScenarioError) as info:
+        load_scenario_text(text, "s.yaml")
+    assert (info.value.line, info.value.column) == (999, 1)
+    assert "more than 1,000 values" in info.value.message

@@ -34,7 +34,13 @@ from llmgw_twin.twin.loader_fleet import (
     load_deployments,
     load_profiles,
 )
-from llmgw_twin.twin.loader_limits import MAX_COUNT, MAX_FILE_BYTES, MAX_STEPS, steps
+from llmgw_twin.twin.loader_limits import (
+    MAX_COUNT,
+    MAX_FILE_BYTES,
+    MAX_STEPS,
+    event_steps,
+    steps,
+)
 from llmgw_twin.twin.scenario import INVARIANTS, Fault, Scenario
 from llmgw_twin.units import (
     SettingKey,
@@ -179,7 +185,7 @@ def _scenario(text: str, path: str) -> Scenario:
     expectations = () if expect_node is None else load_expectations(expect_node, known)
     invariants_node = top.get("invariants")
     invariants_off = () if invariants_node is None else _invariants_off(invariants_node)
-    return Scenario(
+    scenario = Scenario(
         path=path,
         name=name,
         duration_ms=duration_ms,
@@ -194,6 +200,14 @@ def _scenario(text: str, path: str) -> Scenario:
         expectations=expectations,
         invariants_off=invariants_off,
     )
+    if (total := work + event_steps(scenario)) > MAX_STEPS:
+        raise yn.Invalid.at(
+            faults_node or deployments_node or duration_node,
+            f"the run would take {total:,} steps with its deployments and faults, more than the "
+            f"{MAX_STEPS:,} allowed ({work:,} of them heartbeats and reconciles; see Limits in "
+            "docs/scenarios.md)",
+        )
+    return scenario
 
 
 def _timings(node: Node) -> Timings:

@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+from llmgw_twin.twin.scenario import FabricDown, Partition, RestartController, Scenario, SetReplicas
 from llmgw_twin.units import MAX_DIGITS, MAX_NAME_LEN
 
 __all__ = [
@@ -39,13 +40,17 @@ __all__ = [
     "MAX_STEPS",
     "MAX_STRING_LEN",
     "MAX_YAML_NODES",
+    "event_steps",
+    "run_steps",
     "steps",
 ]
 
 MAX_FILE_BYTES = 2 * 1024 * 1024
 """A scenario file's size in bytes (UTF-8): 100,000 node names listed take about 1.2 MB."""
-MAX_YAML_NODES = 1_000_000
-"""Values in the document, each alias counted as a copy of what it names (alias bombs)."""
+MAX_YAML_NODES = 500_000
+"""Values in the document, each alias counted as a copy of what it names (alias bombs). A
+100,000-node fleet is about 100,000 values; per-node settings for most of them would not fit in
+`MAX_FILE_BYTES`."""
 MAX_DEPTH = 32
 """Nesting of mappings and lists; the format itself needs 6."""
 MAX_STRING_LEN = 4096
@@ -78,7 +83,7 @@ MAX_DURATION_MS = 30 * 24 * 3_600_000
 MAX_COUNT = 1_000_000
 """A count that is not a size of the fleet: timings counts, an expectation's `count`."""
 MAX_STEPS = 200_000_000
-"""The most work a run may ask for, by `steps`: 2.3 times the benchmarked 10,000 nodes for
+"""The most work a run may ask for, by `run_steps`: 2.3 times the benchmarked 10,000 nodes for
 24 hours (86.6 million steps)."""
 
 
@@ -94,6 +99,47 @@ def steps(
     beats = duration_ms * nodes // heartbeat_interval_ms
     reconciles = duration_ms * (1 + deployments) // reconcile_interval_ms
     return beats + reconciles
+
+
+def event_steps(scenario: Scenario) -> int:
+    """The work that is not periodic: placing every shard deployed at the start, and each fault
+    by what it touches -- a partition its nodes, a fabric outage its fabric's nodes, a controller
+    restart every node and replica (all report, all are adopted), `set_replicas` the shards it
+    adds or removes; any other fault counts 1. Without this, many faults on a big fleet could
+    ask for a run far longer than its heartbeats say."""
+    shards_per = {p.name: p.nodes for p in scenario.profiles}
+    per_model = {d.model: shards_per[d.profile] for d in scenario.deployments}
+    now = {d.model: d.replicas for d in scenario.deployments}
+    most = dict(now)
+    fabric_size = {f: len(members) for f, members in scenario.fabrics}
+    work = sum(now[m] * per_model[m] for m in now)
+    for fault in scenario.faults:  # in time order, so set_replicas deltas are the real ones
+        action = fault.action
+        if isinstance(action, SetReplicas):
+            work += abs(action.replicas - now[action.model]) * per_model[action.model] + 1
+            now[action.model] = action.replicas
+            most[action.model] = max(most[action.model], action.replicas)
+        elif isinstance(action, Partition):
+            work += len(action.nodes)
+        elif isinstance(action, FabricDown):
+            work += fabric_size[action.fabric]
+        elif isinstance(action, RestartController):
+            work += len(scenario.nodes) + sum(most.values())
+        else:
+            work += 1
+    return work
+
+
+def run_steps(scenario: Scenario) -> int:
+    """All of a run's work, as `MAX_STEPS` bounds it."""
+    periodic = steps(
+        scenario.duration_ms,
+        len(scenario.nodes),
+        len(scenario.deployments),
+        scenario.timings.heartbeat_interval_ms,
+        scenario.timings.reconcile_interval_ms,
+    )
+    return periodic + event_steps(scenario)
 
 
 LIMITS: dict[str, int] = {

@@ -11,10 +11,10 @@ Invariants:
   a repeated key is an error at its second occurrence. Merge keys (`<<`) are refused.
 - Strings are read from the scalar's text, so `01` as a name stays `01`; integers must be plain
   decimal and booleans must be YAML booleans, never quoted strings.
-- Walking follows the schema only, so aliases (even recursive ones) cannot make it loop; before
-  any walk, `check_graph` refuses a document too deep, recursive, or larger than
-  `MAX_YAML_NODES` values once its aliases are counted as copies (an alias bomb), without ever
-  expanding it.
+- Composing stops at the first value past `MAX_YAML_NODES` or `MAX_DEPTH`; before any walk,
+  `check_graph` refuses a recursive alias, or a document larger than `MAX_YAML_NODES` values
+  once its aliases count as copies (an alias bomb), without ever expanding it. Walking follows
+  the schema only, so nothing can make it loop.
 - Every scalar is bounded before it is converted (`loader_limits`): strings and names by length,
   whole numbers by digits and by the range the caller gives, durations by `MAX_DURATION_MS`.
 """
@@ -74,10 +74,45 @@ def line_of(node: Node) -> int:
     return line_col(node)[0]
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe composer, stopped at the first value past `MAX_YAML_NODES` (each alias
+    counted once here; `check_graph` counts what aliases stand for) or nested past `MAX_DEPTH`,
+    so a hostile file costs no more parsing than these bounds and never exhausts the stack."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._values = 0
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]  # untyped in stubs
+        self._values += 1
+        if self._values > MAX_YAML_NODES:
+            raise Invalid(mark.line + 1, mark.column + 1, _too_large())
+        if self._depth == MAX_DEPTH:
+            raise Invalid(mark.line + 1, mark.column + 1, _too_deep())
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _too_large() -> str:
+    return (
+        f"the document is too large: more than {MAX_YAML_NODES:,} values "
+        "(an alias counts as a copy of what it names)"
+    )
+
+
+def _too_deep() -> str:
+    return f"nested too deeply (at most {MAX_DEPTH} levels)"
+
+
 def compose(source: str) -> Node | None:
     """The single document in `source` as a node tree; None for an empty document."""
     try:
-        return yaml.compose(source, Loader=yaml.SafeLoader)
+        return yaml.compose(source, Loader=_BoundedLoader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         what = err.problem or err.context or "syntax error"
@@ -94,38 +129,32 @@ def compose(source: str) -> Node | None:
         raise Invalid(line, column, f"invalid YAML: {err.reason} {err.character!r}") from None
     except yaml.YAMLError as err:
         raise Invalid(1, 1, f"invalid YAML: {err}") from None
-    except RecursionError:
+    except RecursionError:  # not reached within MAX_DEPTH; kept so that nothing else escapes
         raise Invalid(1, 1, "invalid YAML: nested too deeply") from None
 
 
 def check_graph(root: Node) -> None:
-    """Refuse a document nested deeper than `MAX_DEPTH`, holding an alias to one of its own
-    enclosing values, or larger than `MAX_YAML_NODES` values when every alias counts as a copy of
-    what it names. Aliases are never expanded: each distinct node is visited once (a composed
-    document shares the anchored node), and its expanded size is computed from its children's."""
+    """Refuse a document holding an alias to one of its own enclosing values, or larger than
+    `MAX_YAML_NODES` values when every alias counts as a copy of what it names. Aliases are never
+    expanded: each distinct node is visited once (a composed document shares the anchored node),
+    and its expanded size is computed from its children's."""
     size: dict[int, int] = {}  # id(node) -> values under it, itself included, aliases expanded
     open_ids: set[int] = set()  # membership only: the nodes on the current path
-    stack: list[tuple[Node, int, bool]] = [(root, 1, False)]
+    stack: list[tuple[Node, bool]] = [(root, False)]
     while stack:
-        node, depth, children_done = stack.pop()
+        node, children_done = stack.pop()
         key = id(node)
         kids = _children(node)
         if children_done:
             open_ids.discard(key)
             size[key] = 1 + sum(size[id(k)] for k in kids)
             if size[key] > MAX_YAML_NODES:
-                raise Invalid.at(
-                    node,
-                    f"the document is too large: more than {MAX_YAML_NODES:,} values "
-                    "(an alias counts as a copy of what it names)",
-                )
+                raise Invalid.at(node, _too_large())
             continue
         if key in size:
             continue
-        if depth > MAX_DEPTH:
-            raise Invalid.at(node, f"nested too deeply (at most {MAX_DEPTH} levels)")
         open_ids.add(key)
-        stack.append((node, depth, True))
+        stack.append((node, True))
         for kid in reversed(kids):
             if id(kid) in open_ids:
                 raise Invalid.at(
@@ -133,7 +162,7 @@ def check_graph(root: Node) -> None:
                     "an alias refers to a value that contains it (recursive aliases are refused)",
                 )
             if id(kid) not in size:
-                stack.append((kid, depth + 1, False))
+                stack.append((kid, False))
 
 
 def _children(node: Node) -> list[Node]:
