@@ -31,6 +31,7 @@ from llmgw_twin.core.model import (
 )
 from llmgw_twin.core.protocol import AssignShards, Heartbeat, NodeRegistered, RequestReport
 from llmgw_twin.service.config import ConfigError, load_controller_config
+from llmgw_twin.service.limits import MAX_GPUS_PER_NODE
 from llmgw_twin.service.wire import (
     AssignShardsW,
     DeploymentW,
@@ -87,7 +88,7 @@ infos = st.builds(
     NodeInfo,
     names.map(NodeId),
     names.map(FabricId),
-    counts,
+    st.integers(0, MAX_GPUS_PER_NODE),
     counts,
     st.lists(engines, unique=True).map(tuple),
 )

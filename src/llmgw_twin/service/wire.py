@@ -10,9 +10,16 @@ decision stays in the cores.
 Invariants:
 - Validation is strict: no coercion ("8" is not 8), no unknown keys, names are letters, digits,
   `.`, `_`, `-`; a body that does not validate is a 422 whose `detail` names each bad field.
+- Every size is bounded (`limits.MAX_*`): each list's length, each string's, the text of a
+  profile's args, every integer (to SQLite's int64), a node's GPUs; so a message that
+  validates has a bounded cost to hold, store and show. The bounds fit together: the largest
+  heartbeat they allow fits `limits.CONTROL_BODY_LIMIT`, and an adapter's argv for the largest
+  shard they allow is a valid report (both tested).
 - `install_error_handlers` makes every error reply JSON with a `detail` message: a malformed or
   invalid body is 422, a refusal (`Refused`, e.g. the core's `ValueError` for an unknown
   profile) carries its own status, anything unexpected is 500; never an HTML page or no body.
+  The routes declare these replies in their OpenAPI schema (`replies.py`), and a schema fuzz
+  holds them to it.
 """
 
 from __future__ import annotations
@@ -21,10 +28,20 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmgw_twin import codec
@@ -39,6 +56,18 @@ from llmgw_twin.core.model import (
     ShardState,
     TraceEvent,
 )
+from llmgw_twin.service.limits import (
+    MAX_ARGS,
+    MAX_ARGS_CHARS,
+    MAX_ARGV,
+    MAX_ARGV_CHARS,
+    MAX_ENGINES,
+    MAX_GPUS_PER_NODE,
+    MAX_INT,
+    MAX_REPLICA_NODES,
+    MAX_REPLICAS,
+    MAX_SHARDS_PER_MESSAGE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +75,43 @@ NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 Name = Annotated[
     str, Strict(), StringConstraints(pattern=NAME_PATTERN, min_length=1, max_length=128)
 ]
+Engine = Annotated[Name, Field(json_schema_extra={"enum": list(ENGINES)})]
+"""An engine's name; the schema lists the known ones, the validators say which is unknown."""
 Text = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=4096)]
 Arg = Annotated[str, Strict(), StringConstraints(max_length=4096)]
-Count = Annotated[int, Strict(), Field(ge=0)]
-Positive = Annotated[int, Strict(), Field(ge=1)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_INT)]
+Positive = Annotated[int, Strict(), Field(ge=1, le=MAX_INT)]
+Signed = Annotated[int, Strict(), Field(ge=-MAX_INT, le=MAX_INT)]
 Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+Gpu = Annotated[int, Strict(), Field(ge=0, lt=MAX_GPUS_PER_NODE)]
+"""A GPU's index on its node."""
+Gpus = Annotated[list[Gpu], Field(max_length=MAX_GPUS_PER_NODE)]
+RankNodes = Annotated[list[Name], Field(max_length=MAX_REPLICA_NODES)]
+RankPorts = Annotated[list[Port], Field(max_length=MAX_REPLICA_NODES)]
+Args = Annotated[list[Arg], Field(max_length=MAX_ARGS)]
+Argv = Annotated[
+    list[Annotated[str, Strict(), StringConstraints(max_length=MAX_ARGV_CHARS)]],
+    Field(max_length=MAX_ARGV),
+]
+URL_PATTERN = r"^https?://[\x21-\x2e\x30-\x7e]+(/[\x21-\x7e]*)?$"
+"""http(s), a host (and port), a path, in printable ASCII, as a URL is sent."""
+
+
+def _sendable(url: str) -> str:
+    """A URL the HTTP client takes: one it refuses (a bad port, a bad IPv6 address, a control
+    character) would otherwise be stored, then fail every send to it."""
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as e:
+        raise ValueError(f"not a URL the HTTP client can send to: {e}") from None
+    return url
+
+
 Url = Annotated[
-    str, Strict(), StringConstraints(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=512)
+    str,
+    Strict(),
+    StringConstraints(pattern=URL_PATTERN, max_length=512),
+    AfterValidator(_sendable),
 ]
 
 R = TypeVar("R")
@@ -102,12 +161,19 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
 
 
+def _check_chars(words: list[str], limit: int, what: str) -> list[str]:
+    total = sum(len(w) for w in words)
+    if total > limit:
+        raise ValueError(f"{what} are {total} characters together, over the {limit} allowed")
+    return words
+
+
 class NodeInfoW(Mirror[NodeInfo]):
     node: Name
     fabric: Name
-    gpus: Count
+    gpus: Annotated[int, Strict(), Field(ge=0, le=MAX_GPUS_PER_NODE)]
     gpu_memory_mib: Count
-    engines: list[Name]
+    engines: Annotated[list[Engine], Field(max_length=MAX_ENGINES)]
 
     @model_validator(mode="after")
     def _engines_known(self) -> NodeInfoW:
@@ -120,18 +186,23 @@ class ShardSpecW(Mirror[ShardSpec]):
     replica: Name
     model: Name
     profile: Name
-    engine: Name
+    engine: Engine
     model_path: Text
     rank: Count
-    shard_count: Positive
+    shard_count: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICA_NODES)]
     node: Name
-    gpus: list[Count]
+    gpus: Gpus
     leader: Name
-    nodes: list[Name] = []
+    nodes: RankNodes = []
     rendezvous_port: Port
-    rank_ports: list[Port] = []
+    rank_ports: RankPorts = []
     load_time_ms: Count = 0
-    args: list[Arg] = []
+    args: Args = []
+
+    @field_validator("args")
+    @classmethod
+    def _args_size(cls, args: list[str]) -> list[str]:
+        return _check_chars(args, MAX_ARGS_CHARS, "args")
 
     @model_validator(mode="after")
     def _consistent(self) -> ShardSpecW:
@@ -153,19 +224,24 @@ class ShardReportW(Mirror[ShardReport]):
     spec: ShardSpecW
     state: ShardState
     endpoint: Url | None = None
-    exit_code: Annotated[int, Strict()] | None = None
-    argv: list[Arg] = []
+    exit_code: Signed | None = None
+    argv: Argv = []
     reason: Text | None = None
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_size(cls, argv: list[str]) -> list[str]:
+        return _check_chars(argv, MAX_ARGV_CHARS, "argv")
 
 
 class NodeRegisteredW(Wire):
     """A registration, with where the agent's API listens (kept by the controller's shell)."""
 
     info: NodeInfoW
-    shards: list[ShardReportW] = []
-    incarnation: Annotated[int, Strict()]
+    shards: Annotated[list[ShardReportW], Field(max_length=MAX_SHARDS_PER_MESSAGE)] = []
+    incarnation: Signed
     agent_url: Url
-    failed_gpus: list[Count] = []
+    failed_gpus: Gpus = []
     fabric_up: Annotated[bool, Strict()] = True
 
     def to_core(self) -> p.NodeRegistered:
@@ -179,8 +255,8 @@ class NodeRegisteredW(Wire):
 
 class HeartbeatW(Mirror[p.Heartbeat]):
     node: Name
-    shards: list[ShardReportW] = []
-    failed_gpus: list[Count] = []
+    shards: Annotated[list[ShardReportW], Field(max_length=MAX_SHARDS_PER_MESSAGE)] = []
+    failed_gpus: Gpus = []
     fabric_up: Annotated[bool, Strict()] = True
 
     def to_core(self) -> p.Heartbeat:
@@ -196,7 +272,7 @@ class ReportReplyW(Wire):
 
 class AssignShardsW(Mirror[p.AssignShards]):
     node: Name
-    shards: list[ShardSpecW]
+    shards: Annotated[list[ShardSpecW], Field(max_length=MAX_SHARDS_PER_MESSAGE)]
 
 
 class RequestReportW(Mirror[p.RequestReport]):
@@ -206,13 +282,18 @@ class RequestReportW(Mirror[p.RequestReport]):
 class ProfileW(Wire):
     """A profile's body; its name is the resource's (the URL path, or the config's key)."""
 
-    engine: Name
-    nodes: Positive = 1
-    gpus_per_node: Positive
+    engine: Engine
+    nodes: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICA_NODES)] = 1
+    gpus_per_node: Annotated[int, Strict(), Field(ge=1, le=MAX_GPUS_PER_NODE)]
     model: Text
     load_time_ms: Count = 0
     start_timeout_ms: Count = 0
-    args: list[Arg] = []
+    args: Args = []
+
+    @field_validator("args")
+    @classmethod
+    def _args_size(cls, args: list[str]) -> list[str]:
+        return _check_chars(args, MAX_ARGS_CHARS, "args")
 
     @model_validator(mode="after")
     def _engine_known(self) -> ProfileW:
@@ -231,7 +312,7 @@ class DeploymentW(Wire):
     """A deployment's body; its model is the resource's name."""
 
     profile: Name
-    replicas: Count
+    replicas: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)]
 
     def to_core(self, model: str) -> Deployment:
         return self._to(Deployment, model=model)
