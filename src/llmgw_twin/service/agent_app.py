@@ -57,6 +57,8 @@ from llmgw_twin.core.protocol import (
 )
 from llmgw_twin.service.auth import AgentKeys, CredentialFile
 from llmgw_twin.service.config import AgentSettings
+from llmgw_twin.service.limits import BodyLimit
+from llmgw_twin.service.replies import CONFLICT, ERRORS
 from llmgw_twin.service.shards import ShardRunner
 from llmgw_twin.service.tls import client_verify
 from llmgw_twin.service.wire import (
@@ -357,16 +359,19 @@ def create_agent_app(runtime: AgentRuntime) -> FastAPI:
         finally:
             await runtime.stop()
 
-    app = FastAPI(title=f"llmgw-twin agent {runtime.info.node}", lifespan=lifespan)
+    app = FastAPI(
+        title=f"llmgw-twin agent {runtime.info.node}", lifespan=lifespan, responses=ERRORS
+    )
     install_error_handlers(app)
+    app.add_middleware(BodyLimit)
     app.state.runtime = runtime
     controller = [Depends(_as_controller)]
 
-    @app.post("/v1/assign", dependencies=controller)
+    @app.post("/v1/assign", dependencies=controller, responses=CONFLICT)
     async def assign(body: AssignShardsW) -> dict[str, Any]:
         return runtime.assign(body)
 
-    @app.post("/v1/report-request", dependencies=controller)
+    @app.post("/v1/report-request", dependencies=controller, responses=CONFLICT)
     async def report_request(body: RequestReportW) -> dict[str, Any]:
         return runtime.report_request(body)
 

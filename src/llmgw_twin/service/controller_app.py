@@ -65,6 +65,8 @@ from llmgw_twin.service.auth import (
     token_hash,
 )
 from llmgw_twin.service.config import ControllerSettings
+from llmgw_twin.service.limits import BodyLimit, Outstanding
+from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.tls import client_verify
 from llmgw_twin.service.views import fleet_state, forward, model_list
 from llmgw_twin.service.wire import (
@@ -126,6 +128,8 @@ class ControllerRuntime:
             pathlib.Path(settings.store).parent.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.store)
         self.router = Router()
+        self.outstanding = Outstanding()
+        """The router's requests in flight per replica, each at most `outstanding.limit`."""
         self.keys: ControllerKeys | None = None
         """None: no credentials are asked (`auth` not configured, loopback only)."""
         if settings.auth is not None:
@@ -460,7 +464,7 @@ class ControllerRuntime:
 
     async def proxy(self, request: Request, path: str) -> Response:
         assert self._engines is not None
-        return await forward(self._engines, self.core, self.router, request, path)
+        return await forward(self._engines, self.core, self.router, self.outstanding, request, path)
 
 
 # --- who may call: each route's dependency (the runtime is the app's `state.runtime`) ----------
@@ -503,8 +507,9 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
         finally:
             await runtime.stop()
 
-    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan)
+    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan, responses=ERRORS)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit)
     app.state.runtime = runtime
     admin = [Depends(_as_admin)]
     client = [Depends(_as_client)]
@@ -517,11 +522,13 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     async def heartbeat(body: HeartbeatW, caller: AsNode) -> ReportReplyW:
         return await runtime.heartbeat(body, caller)
 
-    @app.post("/v1/admin/nodes/{node}/credential", dependencies=admin)
+    @app.post("/v1/admin/nodes/{node}/credential", dependencies=admin, responses=CONFLICT)
     async def issue_credential(node: PathName, body: CredentialRequestW) -> CredentialW:
         return await runtime.issue_credential(node, body)
 
-    @app.delete("/v1/admin/nodes/{node}/credential", dependencies=admin)
+    @app.delete(
+        "/v1/admin/nodes/{node}/credential", dependencies=admin, responses=NOT_FOUND | CONFLICT
+    )
     async def revoke_credential(node: PathName) -> dict[str, Any]:
         return await runtime.revoke_credential(node)
 
@@ -533,13 +540,13 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     async def put_deployment(model: PathName, body: DeploymentW) -> dict[str, Any]:
         return await runtime.put_deployment(model, body)
 
-    @app.delete("/v1/admin/nodes/{node}/failed-gpus/{gpu}", dependencies=admin)
+    @app.delete("/v1/admin/nodes/{node}/failed-gpus/{gpu}", dependencies=admin, responses=NOT_FOUND)
     async def clear_failed_gpu(
         node: PathName, gpu: Annotated[int, Path(ge=0, le=4096)]
     ) -> dict[str, Any]:
         return await runtime.clear_failed_gpu(node, gpu)
 
-    @app.delete("/v1/admin/nodes/{node}/quarantine", dependencies=admin)
+    @app.delete("/v1/admin/nodes/{node}/quarantine", dependencies=admin, responses=NOT_FOUND)
     async def clear_quarantine(
         node: PathName,
         profile: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
@@ -566,11 +573,15 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     async def models() -> dict[str, Any]:
         return runtime.models()
 
-    @app.post("/v1/chat/completions", dependencies=client)
+    @app.post(
+        "/v1/chat/completions", dependencies=client, responses=PROXIED, openapi_extra=OPENAI_REQUEST
+    )
     async def chat(request: Request) -> Response:
         return await runtime.proxy(request, "/v1/chat/completions")
 
-    @app.post("/v1/completions", dependencies=client)
+    @app.post(
+        "/v1/completions", dependencies=client, responses=PROXIED, openapi_extra=OPENAI_REQUEST
+    )
     async def completions(request: Request) -> Response:
         return await runtime.proxy(request, "/v1/completions")
 

@@ -9,8 +9,13 @@ Invariants:
 - `forward` sends a request only to an endpoint the router picked (a replica the controller
   called ready, round-robin); it passes the body through unchanged and streams the answer back
   as it comes (server-sent events included), tagged `x-llmgw-replica`.
-- A request it cannot serve gets a `Refused` with a message: 422 without a model name, 404 for a
-  model that is not deployed, 503 when no replica of it is ready, 502 when the replica fails.
+- A replica has at most `Outstanding.limit` of its requests in flight: a request the picked
+  replica has no room for goes to the next ready one; when none has room it is answered 503
+  with `Retry-After` and an OpenAI-style error. A request's slot is given back when its answer
+  has been streamed, or has failed, or its client went away.
+- A request it cannot serve gets a `Refused` with a message: 422 without a model name (or a
+  body that is not JSON, or nested too deep to read), 404 for a model that is not deployed,
+  503 when no replica of it is ready, 502 when the replica fails.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from typing import Any
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
 from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.model import ModelName, NodeId, ReplicaState
-from llmgw_twin.core.routing import Router
+from llmgw_twin.core.routing import Route, Router
+from llmgw_twin.service.limits import RETRY_AFTER_S, Outstanding, Slot
+from llmgw_twin.service.replies import openai_error
 from llmgw_twin.service.wire import DeploymentW, NodeInfoW, Refused
 
 
@@ -119,35 +126,81 @@ def model_list(core: Controller, router: Router) -> dict[str, Any]:
 
 
 async def forward(
-    client: httpx.AsyncClient, core: Controller, router: Router, request: Request, path: str
+    client: httpx.AsyncClient,
+    core: Controller,
+    router: Router,
+    outstanding: Outstanding,
+    request: Request,
+    path: str,
 ) -> Response:
     raw = await request.body()
     try:
         body = json.loads(raw)
     except ValueError:
         raise Refused("invalid request: the body is not JSON") from None
+    except RecursionError:
+        raise Refused("invalid request: the body's JSON is nested too deep to read") from None
     model = body.get("model") if isinstance(body, dict) else None
     if not isinstance(model, str) or not model:
         raise Refused("invalid request: body.model: the name of a deployed model is required")
     deployed = [d.model for d in core.deployments()]
     if model not in deployed:
         raise Refused(f"model {model!r} is not deployed (deployed: {deployed})", 404)
-    route = router.pick(ModelName(model))
-    if route is None:
+    if not router.routes(ModelName(model)):
         raise Refused(f"no ready replica of model {model!r}; try again once one is ready", 503)
-    upstream_request = client.build_request(
-        "POST", route.endpoint + path, content=raw, headers={"content-type": "application/json"}
-    )
+    picked = _pick(router, outstanding, ModelName(model))
+    if picked is None:
+        return openai_error(
+            503,
+            f"every ready replica of model {model!r} has {outstanding.limit} requests in "
+            f"flight; try again in {RETRY_AFTER_S}s",
+            "server_error",
+            "replicas_busy",
+            headers={"retry-after": str(RETRY_AFTER_S)},
+        )
+    route, slot = picked
     try:
+        upstream_request = client.build_request(
+            "POST", route.endpoint + path, content=raw, headers={"content-type": "application/json"}
+        )
         upstream = await client.send(upstream_request, stream=True)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
+        slot.release()
         raise Refused(f"replica {route.replica} at {route.endpoint} failed: {e}", 502) from None
+    except BaseException:
+        slot.release()
+        raise
     headers: dict[str, str] = {"x-llmgw-replica": route.replica}
     if "content-type" in upstream.headers:
         headers["content-type"] = upstream.headers["content-type"]
-    return StreamingResponse(
-        upstream.aiter_bytes(),
-        status_code=upstream.status_code,
-        headers=headers,
-        background=BackgroundTask(upstream.aclose),
-    )
+    return _Relay(upstream, slot, headers)
+
+
+def _pick(router: Router, outstanding: Outstanding, model: ModelName) -> tuple[Route, Slot] | None:
+    """The next replica in the router's turn that has room, and its slot; None when every ready
+    replica is at its limit."""
+    for _ in range(len(router.routes(model))):
+        route = router.pick(model)
+        if route is None:
+            return None
+        slot = outstanding.acquire(route.replica)
+        if slot is not None:
+            return route, slot
+    return None
+
+
+class _Relay(StreamingResponse):
+    """A replica's answer, streamed back as it comes; however the stream ends (done, failed, the
+    client gone), the replica's connection is closed and the request's slot given back."""
+
+    def __init__(self, upstream: httpx.Response, slot: Slot, headers: dict[str, str]) -> None:
+        super().__init__(upstream.aiter_bytes(), status_code=upstream.status_code, headers=headers)
+        self._upstream = upstream
+        self._slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slot.release()
+            await self._upstream.aclose()

@@ -1,0 +1,98 @@
+"""What the services' OpenAPI schemas declare beyond each route's own models: the error
+replies, and the inference routes' request body.
+
+Role: the routes of the controller and of the agent name these in `responses=`: `ERRORS` for
+every route (the app's default), `NOT_FOUND`, `CONFLICT` and `PROXIED` where a route gives
+them; the inference routes take `OPENAI_REQUEST` as `openapi_extra` (they read the raw body,
+to pass it on unchanged). Every error reply is a JSON `ErrorW` (`wire.install_error_handlers`);
+the router's 503 for replicas at their limit is also in the shape OpenAI clients read
+(`OpenAIErrorW`). A schema fuzz (tests/test_api_schema.py) holds the services to all of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+
+class ErrorW(BaseModel):
+    """Every error reply of both services: what went wrong, in words."""
+
+    detail: str
+
+
+class OpenAIErrorBodyW(BaseModel):
+    message: str
+    type: str
+    code: str | None
+    param: str | None = None
+
+
+class OpenAIErrorW(ErrorW):
+    """An error of the router in the shape OpenAI clients read (`error.message`), with the
+    `detail` every error reply here carries."""
+
+    error: OpenAIErrorBodyW
+
+
+def openai_error(
+    status: int, message: str, kind: str, code: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = OpenAIErrorW(
+        detail=message, error=OpenAIErrorBodyW(message=message, type=kind, code=code)
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+def _error(description: str, model: object = ErrorW) -> dict[str, Any]:
+    return {"model": model, "description": description}
+
+
+Responses = dict[int | str, dict[str, Any]]
+
+ERRORS: Responses = {
+    400: _error("The body could not be parsed (JSON nested too deep)."),
+    401: _error("No credentials, or ones that match nothing (`WWW-Authenticate: Bearer`)."),
+    403: _error("Credentials of another kind, or of another node."),
+    413: _error("The body is over the size limit (`limits.py`)."),
+    422: _error("The request does not validate, or was refused; `detail` says why."),
+    500: _error("An unexpected error, logged with its traceback."),
+}
+"""What any route may answer besides its own replies."""
+NOT_FOUND: Responses = {404: _error("Nothing of that name to act on.")}
+CONFLICT: Responses = {409: _error("Not for this service: another node, or no credentials.")}
+PROXIED: Responses = {
+    200: {
+        "description": "The replica's answer, streamed back as it comes.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    404: _error("The model is not deployed."),
+    502: _error("The replica failed."),
+    503: _error(
+        "No replica of the model is ready, or every ready one is at its limit of requests in "
+        "flight (then with `Retry-After` and an OpenAI-style `error`).",
+        OpenAIErrorW | ErrorW,
+    ),
+    "default": {"description": "Any other status is the replica's own, passed through."},
+}
+"""The router's inference routes."""
+OPENAI_REQUEST: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model"],
+                    "properties": {"model": {"type": "string", "minLength": 1}},
+                    "additionalProperties": True,
+                    "description": "An OpenAI request; `model` names a deployed model. The "
+                    "router reads only `model` and passes the body on unchanged.",
+                }
+            }
+        },
+    }
+}
+"""The inference routes' body, as far as the router reads it."""

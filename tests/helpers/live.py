@@ -1,0 +1,48 @@
+"""A FastAPI app served by uvicorn on a loopback port the test chose (bound to port 0 here, so the
+kernel picks a free one), in a thread of its own: real HTTP, the app's lifespan included."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from fastapi import FastAPI
+
+from helpers.services import wait_sync
+
+
+@contextmanager
+def live_server(build: Callable[[], FastAPI], within_s: float = 30) -> Iterator[str]:
+    """Serve the app `build` makes until the block ends; yields its base URL,
+    `http://127.0.0.1:PORT`. The app is built in the server's thread: a runtime that opens
+    SQLite must use it where it opened it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    servers: list[uvicorn.Server] = []
+
+    def run() -> None:
+        config = uvicorn.Config(build(), lifespan="on", log_level="warning", access_log=False)
+        servers.append(uvicorn.Server(config))
+        servers[0].run(sockets=[sock])
+
+    thread = threading.Thread(target=run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+
+    def up() -> bool | None:
+        if not thread.is_alive():
+            raise AssertionError("uvicorn stopped before it started (see the log above)")
+        return True if servers and servers[0].started else None
+
+    try:
+        wait_sync(up, within_s, "uvicorn to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if servers:
+            servers[0].should_exit = True
+        thread.join(within_s)
+        sock.close()
+        assert not thread.is_alive(), "uvicorn did not shut down"
