@@ -458,3 +458,18 @@ def test_an_agent_on_another_address_needs_a_credential(tmp_path: Path) -> None:
     )
     s = load_agent_config(tmp_path / "a.yaml")
     assert s.credential == tmp_path / "n1.cred" and s.advertise_url == "https://0.0.0.0:8100"
+
+
+def test_a_credential_is_bound_only_to_an_address_the_controller_can_call(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with fleet(tmp_path) as f:
+            for url in ("http://agent\x17n1", "ftp://agent-n1", "http://", "x" * 600):
+                r = await f.client.post(
+                    "/v1/admin/nodes/n1/credential",
+                    json={"agent_url": url},
+                    headers=f.auth(f.admin),
+                )
+                assert r.status_code == 422, (url, r.text)
+            assert f.runtime.keys is not None and f.runtime.keys.nodes() == ()
+
+    asyncio.run(go())

@@ -34,11 +34,13 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Strict, StringConstraints
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
+
+from llmgw_twin.service.wire import Url
 
 log = logging.getLogger("llmgw_twin.auth")
 
@@ -47,9 +49,6 @@ HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_TOKEN_LENGTH = 256
 
 Kind = Literal["admin", "api", "node", "controller"]
-Url = Annotated[
-    str, Strict(), StringConstraints(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=512)
-]
 
 
 def new_token() -> str:

@@ -314,7 +314,7 @@ class ControllerRuntime:
             try:
                 reply = await self._agents.post(url + path, json=body, headers=headers)
                 reply.raise_for_status()
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, httpx.InvalidURL) as e:
                 log.warning("sending %s to %s at %s failed: %s", path, node, url, e)
 
     # --- inputs ------------------------------------------------------------------------------
