@@ -169,6 +169,7 @@ def assert_within_bounds(s: Scenario) -> None:
         else:
             assert 0 <= e.at_ms <= s.duration_ms
     assert lim.run_steps(s) <= lim.MAX_STEPS
+    assert lim.event_steps(s) <= lim.MAX_EVENT_STEPS
 
 
 def check_load(text: str) -> Scenario | None:
@@ -493,7 +494,7 @@ def test_the_cli_exits_0_1_or_2_and_never_with_a_traceback(text: str) -> None:
     except ScenarioError:
         pass
     else:
-        assume(lim.run_steps(s) <= CLI_MAX_STEPS)
+        assume(lim.run_steps(s) + lim.event_steps(s) <= CLI_MAX_STEPS)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzz.yaml"
         path.write_bytes(text.encode("utf-8", "surrogatepass"))

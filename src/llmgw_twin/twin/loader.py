@@ -36,6 +36,7 @@ from llmgw_twin.twin.loader_fleet import (
 )
 from llmgw_twin.twin.loader_limits import (
     MAX_COUNT,
+    MAX_EVENT_STEPS,
     MAX_FILE_BYTES,
     MAX_STEPS,
     event_steps,
@@ -200,12 +201,12 @@ def _scenario(text: str, path: str) -> Scenario:
         expectations=expectations,
         invariants_off=invariants_off,
     )
-    if (total := work + event_steps(scenario)) > MAX_STEPS:
+    if (events := event_steps(scenario)) > MAX_EVENT_STEPS:
         raise yn.Invalid.at(
             faults_node or deployments_node or duration_node,
-            f"the run would take {total:,} steps with its deployments and faults, more than the "
-            f"{MAX_STEPS:,} allowed ({work:,} of them heartbeats and reconciles; see Limits in "
-            "docs/scenarios.md)",
+            f"the run's deployments and faults would take {events:,} steps (every shard placed "
+            f"and what each fault touches), more than the {MAX_EVENT_STEPS:,} allowed; see Limits "
+            "in docs/scenarios.md",
         )
     return scenario
 
