@@ -34,6 +34,11 @@ set on the value."""
 MAX_NAME_LEN = 128
 """The longest name (of a node, fabric, profile, model, scenario or fault): the same bound the
 service's wire format puts on names."""
+MAX_GPUS_PER_NODE = 64
+"""A node's GPUs, in a scenario and on the wire alike, so that every fleet the twin runs can run
+for real (the service's message sizes are bounded by it)."""
+MAX_REPLICA_NODES = 64
+"""The nodes one replica spans (a profile's `nodes`), in a scenario and on the wire alike."""
 
 _DURATION_UNITS: tuple[tuple[str, int], ...] = (
     ("h", 3_600_000),

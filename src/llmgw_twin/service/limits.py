@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmgw_twin import units
+
 log = logging.getLogger("llmgw_twin.limits")
 
 MiB = 1024 * 1024
@@ -49,11 +51,11 @@ RETRY_AFTER_S = 1
 
 MAX_INT = 2**63 - 1
 """The largest integer a message may carry: what SQLite stores (a larger one fails its commit)."""
-MAX_GPUS_PER_NODE = 64
+MAX_GPUS_PER_NODE = units.MAX_GPUS_PER_NODE
 """A node's GPUs, and so the GPU indices any message may name (below this)."""
 MAX_SHARDS_PER_MESSAGE = MAX_GPUS_PER_NODE
 """Shards in one heartbeat, registration or assignment: each shard holds a GPU of its own."""
-MAX_REPLICA_NODES = 64
+MAX_REPLICA_NODES = units.MAX_REPLICA_NODES
 """Nodes one replica spans: a profile's `nodes`, a shard's `shard_count`, `nodes`, ports."""
 MAX_ENGINES = 16
 """Engines a node may list (they must be known ones: see `ENGINES`)."""

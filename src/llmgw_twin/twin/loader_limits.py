@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+from llmgw_twin import units
 from llmgw_twin.twin.scenario import FabricDown, Partition, RestartController, Scenario, SetReplicas
 from llmgw_twin.units import MAX_DIGITS, MAX_NAME_LEN
 
@@ -59,15 +60,15 @@ MAX_STRING_LEN = 4096
 """Characters in a string that is not a name: description, model path, engine args, reasons."""
 MAX_NODES = 100_000
 """Nodes in the fleet."""
-MAX_GPUS_PER_NODE = 1024
-"""A node's `gpus`, and a profile's `gpus_per_node`."""
+MAX_GPUS_PER_NODE = units.MAX_GPUS_PER_NODE
+"""A node's `gpus`, and a profile's `gpus_per_node`: the service's bound too."""
 MAX_FLEET_GPUS = 1_000_000
 """GPUs in the whole fleet."""
 MAX_GPU_MEMORY_MIB = 4 * 1024 * 1024
 """A GPU's memory: 4 TiB."""
 MAX_PROFILES = 1_000
-MAX_SHARDS_PER_REPLICA = 1024
-"""A profile's `nodes`."""
+MAX_SHARDS_PER_REPLICA = units.MAX_REPLICA_NODES
+"""A profile's `nodes`: the service's bound too."""
 MAX_ARGS = 256
 """Extra engine flags in one profile."""
 MAX_DEPLOYMENTS = 1_000
