@@ -46,7 +46,8 @@ from helpers.services import FAST, free_range
 from llmgw_twin.core.model import Deployment, EngineName, ModelName, Profile, ProfileName
 from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
 from llmgw_twin.service.config import ControllerSettings, load_agent_config
-from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
+from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.controller_http import create_controller_app
 from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
 
 CASES = 20

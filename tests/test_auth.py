@@ -24,7 +24,8 @@ from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
 from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
 from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
 from llmgw_twin.service.config import ControllerAuth, ControllerSettings, load_agent_config
-from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
+from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.controller_http import create_controller_app
 from llmgw_twin.service.wire import HeartbeatW, NodeRegisteredW, ShardSpecW
 
 PROFILE = {"engine": "sim", "nodes": 1, "gpus_per_node": 2, "model": "/models/tiny"}

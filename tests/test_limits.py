@@ -24,7 +24,8 @@ from helpers.live import live_server
 from helpers.services import eventually, free_range
 from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
 from llmgw_twin.service.config import load_agent_config
-from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
+from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.controller_http import create_controller_app
 from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
 from llmgw_twin.service.limits import (
     CONTROL_BODY_LIMIT,
@@ -339,3 +340,48 @@ def test_a_slot_is_given_back_once_however_often_it_is_released() -> None:
     assert out.count("r1") == 1
     second.release()
     assert out.count("r1") == 0 and out.acquire("r2") is not None
+
+
+def test_the_controller_config_sets_its_limits_and_the_runtime_keeps_to_them(
+    tmp_path: Path,
+) -> None:
+    from llmgw_twin.service.config import ConfigError, ControllerLimits, load_controller_config
+
+    (tmp_path / "c.yaml").write_text(
+        "listen: {port: 8080}\nstore: c.db\n"
+        "limits: {max_body: 1MiB, max_inference_body: 2MiB, max_outstanding_per_replica: 3}\n"
+    )
+    settings = load_controller_config(tmp_path / "c.yaml")
+    assert load_controller_config(tmp_path / "c.yaml").limits != ControllerLimits()
+    assert settings.limits.body_bytes == 1024 * 1024
+    assert settings.limits.inference_body_bytes == 2 * 1024 * 1024
+    assert settings.limits.outstanding_per_replica == 3
+    for bad, key in [
+        ("{max_body: 0MiB}", "limits.max_body"),
+        ("{max_inference_body: 2TiB}", "limits.max_inference_body"),
+        ("{max_outstanding_per_replica: 0}", "limits.max_outstanding_per_replica"),
+        ("{max_body: lots}", "limits.max_body"),
+    ]:
+        (tmp_path / "bad.yaml").write_text(f"listen: {{port: 8080}}\nstore: c.db\nlimits: {bad}\n")
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_controller_config(tmp_path / "bad.yaml")
+
+    async def go() -> None:
+        runtime = ControllerRuntime(settings)
+        assert runtime.outstanding.limit == 3
+        app = create_controller_app(runtime)
+        transport = httpx.ASGITransport(app=app)
+        await runtime.start()
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+                body = b"x" * (1024 * 1024 + 1)
+                headers = {"content-type": "application/json"}
+                r = await client.put("/v1/admin/profiles/p", content=body, headers=headers)
+                assert r.status_code == 413 and "detail" in r.json()
+                # the inference limit is 2 MiB: this body gets past it (and is not JSON)
+                r = await client.post("/v1/completions", content=body, headers=headers)
+                assert r.status_code == 422, r.text
+        finally:
+            await runtime.stop()
+
+    asyncio.run(go())

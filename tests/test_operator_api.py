@@ -21,7 +21,8 @@ from llmgw_twin.core.durable import PutFailedGpu
 from llmgw_twin.core.model import NodeId
 from llmgw_twin.core.protocol import Heartbeat, NodeRegistered, RequestReport, Step
 from llmgw_twin.service.config import ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
+from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.controller_http import create_controller_app
 from llmgw_twin.service.wire import HeartbeatW, NodeRegisteredW
 
 
@@ -178,7 +179,7 @@ def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: 
         with pytest.raises(RuntimeError, match="disk full"):
             runtime._apply(step)
         runtime.store.commit = original  # type: ignore[method-assign]
-        assert not runtime._deliveries  # no send was even started
+        assert not runtime.delivery.in_flight  # no send was even started
         assert "/v1/report-request" not in sent
         runtime._apply(step)  # the same step with a working store does send it
 

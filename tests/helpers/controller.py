@@ -15,7 +15,8 @@ from helpers.services import FAST, eventually, node_info
 from llmgw_twin.core.model import ShardReport, ShardSpec, ShardState
 from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
 from llmgw_twin.service.config import ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
+from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.controller_http import create_controller_app
 from llmgw_twin.service.wire import HeartbeatW, NodeRegisteredW, ShardSpecW
 
 Sent = list[tuple[str, Any]]

@@ -19,10 +19,25 @@ from pathlib import Path
 from typing import Annotated, Any, assert_never
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 
 from llmgw_twin.core.model import ENGINES, Deployment, ModelName, Profile, ProfileName, Timings
-from llmgw_twin.service.auth import check_hash, is_loopback
+from llmgw_twin.service.config_access import (
+    DEFAULT_LIMITS,
+    AuthC,
+    ClientTlsC,
+    ConfigError,
+    ControllerAuth,
+    ControllerLimits,
+    Host,
+    LimitsC,
+    ListenC,
+    auth_settings,
+    client_tls,
+    limits_settings,
+    relative,
+    server_tls,
+)
 from llmgw_twin.service.policy import DEFAULT_POLICY, PolicyC, PolicySettings, policy_settings
 from llmgw_twin.service.tls import ClientTls, ServerTls
 from llmgw_twin.service.wire import (
@@ -45,41 +60,22 @@ from llmgw_twin.units import (
 )
 
 Duration = Annotated[str, Strict()]
-Host = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
 
 
-class ConfigError(Exception):
-    pass
+__all__ = [
+    "AgentSettings",
+    "ConfigError",
+    "ControllerAuth",
+    "ControllerLimits",
+    "ControllerSettings",
+    "EngineBinary",
+    "load_agent_config",
+    "load_controller_config",
+]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerTlsC(_Strict):
-    cert: Text
-    key: Text
-    client_ca: Text | None = None
-
-
-class ClientTlsC(_Strict):
-    ca: Text | None = None
-    cert: Text | None = None
-    key: Text | None = None
-
-
-class ListenC(_Strict):
-    host: Host = "127.0.0.1"
-    port: Port
-    tls: ServerTlsC | None = None
-    allow_plaintext: Annotated[bool, Strict()] = False
-    """Serve plain HTTP on an address other than loopback (a network trusted end to end)."""
-
-
-class AuthC(_Strict):
-    admin_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
-    api_keys: list[Annotated[str, Strict()]] = Field(default=[], max_length=4096)
-    secret_file: Text | None = None
 
 
 TIMING_KEYS: tuple[SettingKey, ...] = setting_keys(Timings)
@@ -111,6 +107,7 @@ class ControllerFile(_Strict):
     deployments: list[DeploymentC] = []
     auth: AuthC | None = None
     agents_tls: ClientTlsC | None = None
+    limits: LimitsC = LimitsC()
 
 
 class EngineBinaryC(_Strict):
@@ -149,15 +146,6 @@ class AgentFile(_Strict):
 
 
 @dataclass(frozen=True, slots=True)
-class ControllerAuth:
-    admin_hashes: tuple[str, ...]
-    api_key_hashes: tuple[str, ...]
-    """Empty: the router's routes are open to anyone who reaches them."""
-    secret_file: Path
-    """The key the agents' controller tokens derive from; created (mode 0600) if absent."""
-
-
-@dataclass(frozen=True, slots=True)
 class ControllerSettings:
     host: str
     port: int
@@ -169,6 +157,7 @@ class ControllerSettings:
     """None: no credentials asked (allowed on loopback only, see docs/security.md)."""
     tls: ServerTls | None = None
     agents_tls: ClientTls | None = None
+    limits: ControllerLimits = DEFAULT_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,11 +234,6 @@ def _duration(path: Path, key: str, text: str, *, positive: bool = False) -> int
     return ms
 
 
-def _relative(path: Path, value: str) -> Path:
-    p = Path(value)
-    return p if p.is_absolute() else path.parent / p
-
-
 def _timings(path: Path, raw: dict[str, Any]) -> Timings:
     """As a scenario's `timings`: the same keys (every `Timings` field without `_ms`), omitted
     keys take the defaults; suspicion, unless set, comes halfway to the loss deadline."""
@@ -297,57 +281,6 @@ def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | fl
             assert_never(key.kind)
 
 
-def _server_tls(path: Path, listen: ListenC, *, secured: bool, what: str) -> ServerTls | None:
-    """The listener's TLS; an address other than loopback needs credentials and TLS (or an
-    explicit `allow_plaintext`), so that nothing on the network can speak for a node."""
-    tls = None
-    if listen.tls is not None:
-        t = listen.tls
-        ca = _relative(path, t.client_ca) if t.client_ca is not None else None
-        tls = ServerTls(_relative(path, t.cert), _relative(path, t.key), ca)
-    if not is_loopback(listen.host):
-        if not secured:
-            raise ConfigError(
-                f"{path}: listen.host: {listen.host} is not a loopback address, so {what} "
-                "(see docs/security.md)"
-            )
-        if tls is None and not listen.allow_plaintext:
-            raise ConfigError(
-                f"{path}: listen.tls: serving on {listen.host} needs TLS (cert and key), or "
-                "listen.allow_plaintext: true on a network trusted end to end"
-            )
-    return tls
-
-
-def _client_tls(path: Path, c: ClientTlsC | None) -> ClientTls | None:
-    if c is None:
-        return None
-    if (c.cert is None) != (c.key is None):
-        raise ConfigError(f"{path}: a client certificate needs both cert and key")
-
-    def rel(v: str | None) -> Path | None:
-        return _relative(path, v) if v is not None else None
-
-    return ClientTls(rel(c.ca), rel(c.cert), rel(c.key))
-
-
-def _auth(path: Path, a: AuthC | None, store: str) -> ControllerAuth | None:
-    if a is None:
-        return None
-    hashes: dict[str, tuple[str, ...]] = {}
-    for key, values in (("admin_tokens", a.admin_tokens), ("api_keys", a.api_keys)):
-        for i, value in enumerate(values):
-            try:
-                check_hash(value)
-            except ValueError as e:
-                raise ConfigError(f"{path}: auth.{key}[{i}]: {e}") from None
-        hashes[key] = tuple(values)
-    if not hashes["admin_tokens"]:
-        raise ConfigError(f"{path}: auth.admin_tokens: at least one admin token hash is needed")
-    secret = _relative(path, a.secret_file) if a.secret_file else Path(store + ".key")
-    return ControllerAuth(hashes["admin_tokens"], hashes["api_keys"], secret)
-
-
 def load_controller_config(path: str | Path) -> ControllerSettings:
     path = Path(path)
     try:
@@ -385,9 +318,9 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         if any(d.model == dc.model for d in deployments):
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
         deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
-    store = str(_relative(path, f.store))
-    auth = _auth(path, f.auth, store)
-    tls = _server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
+    store = str(relative(path, f.store))
+    auth = auth_settings(path, f.auth, store)
+    tls = server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
     return ControllerSettings(
         host=f.listen.host,
         port=f.listen.port,
@@ -397,7 +330,8 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         deployments=tuple(deployments),
         auth=auth,
         tls=tls,
-        agents_tls=_client_tls(path, f.agents_tls),
+        agents_tls=client_tls(path, f.agents_tls),
+        limits=limits_settings(path, f.limits),
     )
 
 
@@ -423,9 +357,9 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         gpu_memory_mib = parse_size_mib(f.gpu_memory)
     except ValueError as e:
         raise ConfigError(f"{path}: gpu_memory: {e}") from None
-    root = _relative(path, f.root)
-    credential = _relative(path, f.credential) if f.credential is not None else None
-    tls = _server_tls(path, f.listen, secured=credential is not None, what="it needs a credential")
+    root = relative(path, f.root)
+    credential = relative(path, f.credential) if f.credential is not None else None
+    tls = server_tls(path, f.listen, secured=credential is not None, what="it needs a credential")
     return AgentSettings(
         node=f.node,
         controller_url=f.controller.rstrip("/"),
@@ -451,9 +385,9 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         sidecar_timeout_ms=_duration(path, "sidecar_timeout", f.sidecar_timeout, positive=True),
         worker_settle_ms=_duration(path, "worker_settle", f.worker_settle),
         ready_timeout_ms=_duration(path, "ready_timeout", f.ready_timeout, positive=True),
-        log_dir=_relative(path, f.log_dir) if f.log_dir is not None else None,
+        log_dir=relative(path, f.log_dir) if f.log_dir is not None else None,
         policy=policy_settings(path, f.policy),
         credential=credential,
         tls=tls,
-        controller_tls=_client_tls(path, f.controller_tls),
+        controller_tls=client_tls(path, f.controller_tls),
     )

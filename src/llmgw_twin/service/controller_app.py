@@ -3,16 +3,17 @@
 Role: the production twin of `twin/control_shell.py`. `ControllerRuntime` owns the core
 `Controller`, the SQLite `Store`, the router and two HTTP clients; it moves messages only:
 agents' registrations and heartbeats and the operator's profiles and deployments go into the
-core, and the core's commands go out to the agents. `create_controller_app` is the HTTP face.
+core, and the core's commands go out to the agents. Its HTTP face is
+`controller_http.create_controller_app`.
 
 Invariants:
 - Every call into the core holds one asyncio lock, and carrying out its `Step` never awaits:
   each step's writes are committed to the store (one transaction) before any of its commands is
   sent, its events reach the router and the event log in order, and its `wake_at_ms` arms the
   reconcile loop. Time is integer ms on a monotonic clock, counted from the runtime's creation.
-- Commands to one node go out in the order they were decided, one at a time; an assignment a
-  newer one has superseded is not sent. A failed send is logged and dropped: the core is
-  level-triggered and assigns again once the agent's report disagrees.
+- Commands go out through `delivery.Delivery`: to one node in the order they were decided, an
+  assignment a newer one superseded not sent, a failed send logged and dropped (the core is
+  level-triggered and assigns again once the agent's report disagrees).
 - A failed store commit, or an exception inside the core (other than its refusals, which change
   nothing), stops the process (`EXIT_FATAL`) before anything of that step leaves it: the
   core's memory may be ahead of its store, and adoption after a restart is the way back.
@@ -30,13 +31,12 @@ import os
 import pathlib
 import time
 from collections.abc import Callable
-from contextlib import asynccontextmanager, suppress
-from typing import Annotated, Any, NoReturn
+from contextlib import suppress
+from typing import Any, NoReturn
 
 import httpx
-from fastapi import Depends, FastAPI, Path, Query, Request, Security
+from fastapi import Request
 from fastapi.responses import Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
@@ -45,7 +45,6 @@ from llmgw_twin.core.model import NodeId, ProfileName, TraceEvent
 from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
-    AssignShards,
     ClearFailedGpu,
     ClearQuarantine,
     ControllerCommand,
@@ -65,34 +64,26 @@ from llmgw_twin.service.auth import (
     token_hash,
 )
 from llmgw_twin.service.config import ControllerSettings
-from llmgw_twin.service.limits import BodyLimit, Outstanding
-from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
-from llmgw_twin.service.tls import client_verify
+from llmgw_twin.service.delivery import Delivery
+from llmgw_twin.service.limits import Outstanding
 from llmgw_twin.service.views import fleet_state, forward, model_list
 from llmgw_twin.service.wire import (
-    NAME_PATTERN,
-    AssignShardsW,
     DeploymentW,
     HeartbeatW,
     NodeRegisteredW,
     ProfileW,
     Refused,
     ReportReplyW,
-    RequestReportW,
     TraceEventW,
-    install_error_handlers,
 )
 from llmgw_twin.store import Store
 
 log = logging.getLogger("llmgw_twin.controller")
 
-SEND_TIMEOUT_S = 5.0
-"""Bound on one command's delivery to an agent."""
 PROXY_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
 EVENTS_KEPT = 100_000
 """The event log keeps this many recent events; `/v1/admin/events` says how many were dropped."""
 
-PathName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]
 EXIT_FATAL = 70
 """The controller process's exit status after a failed store commit or a fault in the core."""
 
@@ -122,13 +113,12 @@ class ControllerRuntime:
         # the core's clock: wall-clock ms at start, then monotonic, so times the store keeps
         # (silence, quarantines) mean the same to the next controller process
         self._epoch0_ms = time.time_ns() // 1_000_000
-        self._agent_transport = agent_transport
         self._engine_transport = engine_transport
         if settings.store != ":memory:":
             pathlib.Path(settings.store).parent.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.store)
         self.router = Router()
-        self.outstanding = Outstanding()
+        self.outstanding = Outstanding(limit=settings.limits.outstanding_per_replica)
         """The router's requests in flight per replica, each at most `outstanding.limit`."""
         self.keys: ControllerKeys | None = None
         """None: no credentials are asked (`auth` not configured, loopback only)."""
@@ -151,13 +141,11 @@ class ControllerRuntime:
         self._wake = asyncio.Event()
         self._events: list[TraceEvent] = []
         self._events_dropped = 0
-        self._node_locks: dict[NodeId, asyncio.Lock] = {}
-        self._sent_seq: dict[NodeId, int] = {}
-        self._latest_assign: dict[NodeId, int] = {}
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self.delivery = Delivery(
+            self._agent_urls, self.keys, tls=settings.agents_tls, transport=agent_transport
+        )
         self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None
-        self._agents: httpx.AsyncClient | None = None
         self._engines: httpx.AsyncClient | None = None
 
     def now_ms(self) -> int:
@@ -173,12 +161,7 @@ class ControllerRuntime:
 
     async def start(self) -> None:
         s = self.settings
-        self._agents = httpx.AsyncClient(
-            transport=self._agent_transport,
-            timeout=SEND_TIMEOUT_S,
-            trust_env=False,
-            verify=client_verify(s.agents_tls),
-        )
+        self.delivery.open()
         self._engines = httpx.AsyncClient(
             transport=self._engine_transport, timeout=PROXY_TIMEOUT, trust_env=False
         )
@@ -213,14 +196,9 @@ class ControllerRuntime:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
-        if self._deliveries:
-            _, late = await asyncio.wait(set(self._deliveries), timeout=SEND_TIMEOUT_S)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-        for client in (self._agents, self._engines):
-            if client is not None:
-                await client.aclose()
+        await self.delivery.close()
+        if self._engines is not None:
+            await self._engines.aclose()
         self._core = None
         self.store.close()
 
@@ -251,7 +229,7 @@ class ControllerRuntime:
         def send(cmd: ControllerCommand) -> None:
             if isinstance(cmd, RequestReport) and cmd.node == answered_in_band:
                 return  # answered in the reply itself
-            self._send(cmd)
+            self.delivery.send(cmd)
 
         def commit(writes: tuple[Write, ...]) -> None:
             try:
@@ -279,43 +257,6 @@ class ControllerRuntime:
             del self._events[:drop]
             self._events_dropped += drop
         self.router.follow(ev)
-
-    def _send(self, cmd: ControllerCommand) -> None:
-        node = cmd.node
-        url = self._agent_urls.get(node)
-        if url is None:
-            log.warning("no address known for node %s: %s not sent", node, type(cmd).__name__)
-            return
-        seq = self._sent_seq[node] = self._sent_seq.get(node, 0) + 1
-        if isinstance(cmd, AssignShards):
-            self._latest_assign[node] = seq
-        task = asyncio.get_running_loop().create_task(self._deliver(cmd, seq, url))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
-
-    async def _deliver(self, cmd: ControllerCommand, seq: int, url: str) -> None:
-        node = cmd.node
-        async with self._node_locks.setdefault(node, asyncio.Lock()):
-            body: dict[str, Any]
-            if isinstance(cmd, AssignShards):
-                if self._latest_assign.get(node, 0) > seq:
-                    return  # a newer full assignment supersedes this one
-                path, body = "/v1/assign", AssignShardsW.from_core(cmd).model_dump(mode="json")
-            else:
-                path = "/v1/report-request"
-                body = RequestReportW.from_core(cmd).model_dump(mode="json")
-            assert self._agents is not None
-            headers = {}
-            if self.keys is not None:
-                cred = self.keys.node(node)
-                if cred is None:
-                    return  # revoked since: nothing more goes to it
-                headers["authorization"] = "Bearer " + self.keys.controller_token(cred)
-            try:
-                reply = await self._agents.post(url + path, json=body, headers=headers)
-                reply.raise_for_status()
-            except (httpx.HTTPError, httpx.InvalidURL) as e:
-                log.warning("sending %s to %s at %s failed: %s", path, node, url, e)
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -465,124 +406,3 @@ class ControllerRuntime:
     async def proxy(self, request: Request, path: str) -> Response:
         assert self._engines is not None
         return await forward(self._engines, self.core, self.router, self.outstanding, request, path)
-
-
-# --- who may call: each route's dependency (the runtime is the app's `state.runtime`) ----------
-
-_scheme = HTTPBearer(auto_error=False, description="an admin token, a node token or an API key")
-Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_scheme)]
-
-
-def _keys(request: Request) -> ControllerKeys | None:
-    runtime: ControllerRuntime = request.app.state.runtime
-    return runtime.keys
-
-
-def _as_admin(request: Request, _token: Bearer) -> None:
-    keys = _keys(request)
-    if keys is not None:
-        keys.require(request, "admin")
-
-
-def _as_node(request: Request, _token: Bearer) -> Caller | None:
-    keys = _keys(request)
-    return keys.require(request, "node") if keys is not None else None
-
-
-def _as_client(request: Request, _token: Bearer) -> None:
-    keys = _keys(request)
-    if keys is not None and keys.api_key_hashes:
-        keys.require(request, "api")
-
-
-AsNode = Annotated[Caller | None, Depends(_as_node)]
-
-
-def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> Any:
-        await runtime.start()
-        try:
-            yield
-        finally:
-            await runtime.stop()
-
-    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan, responses=ERRORS)
-    install_error_handlers(app)
-    app.add_middleware(BodyLimit)
-    app.state.runtime = runtime
-    admin = [Depends(_as_admin)]
-    client = [Depends(_as_client)]
-
-    @app.post("/v1/agents/register")
-    async def register(body: NodeRegisteredW, caller: AsNode) -> ReportReplyW:
-        return await runtime.register(body, caller)
-
-    @app.post("/v1/agents/heartbeat")
-    async def heartbeat(body: HeartbeatW, caller: AsNode) -> ReportReplyW:
-        return await runtime.heartbeat(body, caller)
-
-    @app.post("/v1/admin/nodes/{node}/credential", dependencies=admin, responses=CONFLICT)
-    async def issue_credential(node: PathName, body: CredentialRequestW) -> CredentialW:
-        return await runtime.issue_credential(node, body)
-
-    @app.delete(
-        "/v1/admin/nodes/{node}/credential", dependencies=admin, responses=NOT_FOUND | CONFLICT
-    )
-    async def revoke_credential(node: PathName) -> dict[str, Any]:
-        return await runtime.revoke_credential(node)
-
-    @app.put("/v1/admin/profiles/{name}", dependencies=admin)
-    async def put_profile(name: PathName, body: ProfileW) -> dict[str, Any]:
-        return await runtime.put_profile(name, body)
-
-    @app.put("/v1/admin/deployments/{model}", dependencies=admin)
-    async def put_deployment(model: PathName, body: DeploymentW) -> dict[str, Any]:
-        return await runtime.put_deployment(model, body)
-
-    @app.delete("/v1/admin/nodes/{node}/failed-gpus/{gpu}", dependencies=admin, responses=NOT_FOUND)
-    async def clear_failed_gpu(
-        node: PathName, gpu: Annotated[int, Path(ge=0, le=4096)]
-    ) -> dict[str, Any]:
-        return await runtime.clear_failed_gpu(node, gpu)
-
-    @app.delete("/v1/admin/nodes/{node}/quarantine", dependencies=admin, responses=NOT_FOUND)
-    async def clear_quarantine(
-        node: PathName,
-        profile: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
-    ) -> dict[str, Any]:
-        return await runtime.clear_quarantine(node, profile)
-
-    @app.get("/v1/admin/state", dependencies=admin)
-    async def state() -> dict[str, Any]:
-        return runtime.state()
-
-    @app.get("/v1/admin/events", dependencies=admin)
-    async def events(after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
-        return runtime.events(after)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        # open to anyone: says the process is up, and nothing about the fleet once it asks
-        # for credentials
-        if runtime.keys is not None:
-            return {"status": "ok"}
-        return {"status": "ok", "t_ms": runtime.now_ms(), "nodes": len(runtime.core.nodes())}
-
-    @app.get("/v1/models", dependencies=client)
-    async def models() -> dict[str, Any]:
-        return runtime.models()
-
-    @app.post(
-        "/v1/chat/completions", dependencies=client, responses=PROXIED, openapi_extra=OPENAI_REQUEST
-    )
-    async def chat(request: Request) -> Response:
-        return await runtime.proxy(request, "/v1/chat/completions")
-
-    @app.post(
-        "/v1/completions", dependencies=client, responses=PROXIED, openapi_extra=OPENAI_REQUEST
-    )
-    async def completions(request: Request) -> Response:
-        return await runtime.proxy(request, "/v1/completions")
-
-    return app

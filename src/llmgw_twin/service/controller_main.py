@@ -13,7 +13,8 @@ import sys
 
 from llmgw_twin.service import serving
 from llmgw_twin.service.config import ConfigError, load_controller_config
-from llmgw_twin.service.controller_app import ControllerRuntime, create_controller_app
+from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.controller_http import create_controller_app
 from llmgw_twin.store import StoreError
 
 

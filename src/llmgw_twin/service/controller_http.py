@@ -1,0 +1,157 @@
+"""The controller's HTTP face: its routes, and who may call each (docs/security.md).
+
+Role: `create_controller_app(runtime)` puts a `ControllerRuntime` behind FastAPI. Each route
+declares the credential it needs as a dependency (`_as_admin`, `_as_node`, `_as_client`), so the
+OpenAPI schema shows it and no handler runs for a caller it would refuse; the handlers only
+call the runtime. Bodies over the configured limits are refused (413) before any route sees
+them, and every error is JSON (`wire.install_error_handlers`).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request, Security
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from llmgw_twin.service.auth import Caller, ControllerKeys, CredentialRequestW, CredentialW
+from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.limits import BodyLimit
+from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
+from llmgw_twin.service.wire import (
+    NAME_PATTERN,
+    DeploymentW,
+    HeartbeatW,
+    NodeRegisteredW,
+    ProfileW,
+    ReportReplyW,
+    install_error_handlers,
+)
+
+PathName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]
+
+
+# --- who may call: each route's dependency (the runtime is the app's `state.runtime`) ----------
+
+_scheme = HTTPBearer(auto_error=False, description="an admin token, a node token or an API key")
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_scheme)]
+
+
+def _keys(request: Request) -> ControllerKeys | None:
+    runtime: ControllerRuntime = request.app.state.runtime
+    return runtime.keys
+
+
+def _as_admin(request: Request, _token: Bearer) -> None:
+    keys = _keys(request)
+    if keys is not None:
+        keys.require(request, "admin")
+
+
+def _as_node(request: Request, _token: Bearer) -> Caller | None:
+    keys = _keys(request)
+    return keys.require(request, "node") if keys is not None else None
+
+
+def _as_client(request: Request, _token: Bearer) -> None:
+    keys = _keys(request)
+    if keys is not None and keys.api_key_hashes:
+        keys.require(request, "api")
+
+
+AsNode = Annotated[Caller | None, Depends(_as_node)]
+
+
+def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> Any:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan, responses=ERRORS)
+    install_error_handlers(app)
+    limits = runtime.settings.limits
+    app.add_middleware(
+        BodyLimit, limit=limits.body_bytes, inference_limit=limits.inference_body_bytes
+    )
+    app.state.runtime = runtime
+    admin = [Depends(_as_admin)]
+    client = [Depends(_as_client)]
+
+    @app.post("/v1/agents/register")
+    async def register(body: NodeRegisteredW, caller: AsNode) -> ReportReplyW:
+        return await runtime.register(body, caller)
+
+    @app.post("/v1/agents/heartbeat")
+    async def heartbeat(body: HeartbeatW, caller: AsNode) -> ReportReplyW:
+        return await runtime.heartbeat(body, caller)
+
+    @app.post("/v1/admin/nodes/{node}/credential", dependencies=admin, responses=CONFLICT)
+    async def issue_credential(node: PathName, body: CredentialRequestW) -> CredentialW:
+        return await runtime.issue_credential(node, body)
+
+    @app.delete(
+        "/v1/admin/nodes/{node}/credential", dependencies=admin, responses=NOT_FOUND | CONFLICT
+    )
+    async def revoke_credential(node: PathName) -> dict[str, Any]:
+        return await runtime.revoke_credential(node)
+
+    @app.put("/v1/admin/profiles/{name}", dependencies=admin)
+    async def put_profile(name: PathName, body: ProfileW) -> dict[str, Any]:
+        return await runtime.put_profile(name, body)
+
+    @app.put("/v1/admin/deployments/{model}", dependencies=admin)
+    async def put_deployment(model: PathName, body: DeploymentW) -> dict[str, Any]:
+        return await runtime.put_deployment(model, body)
+
+    @app.delete("/v1/admin/nodes/{node}/failed-gpus/{gpu}", dependencies=admin, responses=NOT_FOUND)
+    async def clear_failed_gpu(
+        node: PathName, gpu: Annotated[int, Path(ge=0, le=4096)]
+    ) -> dict[str, Any]:
+        return await runtime.clear_failed_gpu(node, gpu)
+
+    @app.delete("/v1/admin/nodes/{node}/quarantine", dependencies=admin, responses=NOT_FOUND)
+    async def clear_quarantine(
+        node: PathName,
+        profile: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
+    ) -> dict[str, Any]:
+        return await runtime.clear_quarantine(node, profile)
+
+    @app.get("/v1/admin/state", dependencies=admin)
+    async def state() -> dict[str, Any]:
+        return runtime.state()
+
+    @app.get("/v1/admin/events", dependencies=admin)
+    async def events(after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+        return runtime.events(after)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        # open to anyone: says the process is up, and nothing about the fleet once it asks
+        # for credentials
+        if runtime.keys is not None:
+            return {"status": "ok"}
+        return {"status": "ok", "t_ms": runtime.now_ms(), "nodes": len(runtime.core.nodes())}
+
+    @app.get("/v1/models", dependencies=client)
+    async def models() -> dict[str, Any]:
+        return runtime.models()
+
+    @app.post(
+        "/v1/chat/completions", dependencies=client, responses=PROXIED, openapi_extra=OPENAI_REQUEST
+    )
+    async def chat(request: Request) -> Response:
+        return await runtime.proxy(request, "/v1/chat/completions")
+
+    @app.post(
+        "/v1/completions", dependencies=client, responses=PROXIED, openapi_extra=OPENAI_REQUEST
+    )
+    async def completions(request: Request) -> Response:
+        return await runtime.proxy(request, "/v1/completions")
+
+    return app
