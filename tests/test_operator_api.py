@@ -179,7 +179,7 @@ def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: 
         with pytest.raises(RuntimeError, match="disk full"):
             runtime._apply(step)
         runtime.store.commit = original  # type: ignore[method-assign]
-        assert not runtime.delivery.in_flight  # no send was even started
+        assert runtime.delivery.in_flight == 0  # no send was even started
         assert "/v1/report-request" not in sent
         runtime._apply(step)  # the same step with a working store does send it
 
