@@ -67,6 +67,7 @@ from llmgw_twin.core.protocol import (
     ClearQuarantine,
     ControllerCommand,
     ControllerEvent,
+    ControllerLagged,
     Heartbeat,
     NodeRegistered,
     RequestReport,
@@ -222,6 +223,11 @@ class Controller:
                         reason="cleared by the operator",
                     )
                 self._life.placement_due = True
+            case ControllerLagged(lag_ms=lag_ms):
+                if lag_ms <= 0:
+                    raise ValueError("a lag is a positive number of milliseconds")
+                self._fleet.health.forgive(lag_ms, now_ms)
+                self._out.emit("controller.lagged", lag_ms=lag_ms)
             case _:
                 assert_never(event)
         return self._out.flush()

@@ -141,6 +141,15 @@ class HealthTracker:
             out.append(node)
         return out
 
+    def forgive(self, lag_ms: int, now_ms: int) -> None:
+        """The controller itself fell `lag_ms` behind: that long of every alive or suspect
+        node's silence was the controller's, not the node's. Each last-seen moves later by
+        `lag_ms` (never past `now_ms`), so the order of the books holds. O(nodes), once per
+        episode of lag."""
+        for book in (self._alive, self._suspect):
+            for node, seen in book.items():
+                book[node] = min(seen + lag_ms, now_ms)
+
     def forget(self, node: NodeId) -> None:
         self._alive.pop(node, None)
         self._suspect.pop(node, None)

@@ -79,8 +79,23 @@ class ClearQuarantine:
     profile: ProfileName | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ControllerLagged:
+    """The controller's own shell fell `lag_ms` behind (its event loop ran late: overloaded, or
+    paused): heartbeats waited that long to be heard, so that long of every node's silence is
+    not the node's. Only the production shell sends it; the twin never falls behind."""
+
+    lag_ms: int
+
+
 ControllerEvent = (
-    NodeRegistered | Heartbeat | ApplyProfile | ApplyDeployment | ClearFailedGpu | ClearQuarantine
+    NodeRegistered
+    | Heartbeat
+    | ApplyProfile
+    | ApplyDeployment
+    | ClearFailedGpu
+    | ClearQuarantine
+    | ControllerLagged
 )
 
 # --- out of the controller -------------------------------------------------------------------

@@ -166,6 +166,7 @@ class AgentRuntime:
         self._client = httpx.AsyncClient(
             transport=self._controller_transport,
             timeout=REPORT_TIMEOUT_S,
+            limits=httpx.Limits(keepalive_expiry=60.0),
             trust_env=False,
             verify=client_verify(self.settings.controller_tls),
         )

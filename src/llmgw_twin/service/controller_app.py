@@ -49,6 +49,7 @@ from llmgw_twin.core.protocol import (
     ClearQuarantine,
     ControllerCommand,
     ControllerEvent,
+    ControllerLagged,
     RequestReport,
     Step,
 )
@@ -65,6 +66,7 @@ from llmgw_twin.service.auth import (
 )
 from llmgw_twin.service.config import ControllerSettings
 from llmgw_twin.service.delivery import Delivery
+from llmgw_twin.service.lag import LagMonitor
 from llmgw_twin.service.limits import Outstanding
 from llmgw_twin.service.views import fleet_state, forward, model_list
 from llmgw_twin.service.wire import (
@@ -146,6 +148,7 @@ class ControllerRuntime:
         )
         self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None
+        self.lag = LagMonitor(self._lagged)
         self._engines: httpx.AsyncClient | None = None
 
     def now_ms(self) -> int:
@@ -190,8 +193,10 @@ class ControllerRuntime:
                     self._apply(self._core.handle(ApplyDeployment(dep), self.now_ms()))
             self._apply(self._core.start(self.now_ms()))
         self._loop_task = asyncio.create_task(self._reconcile_loop())
+        self.lag.start()
 
     async def stop(self) -> None:
+        await self.lag.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -378,8 +383,18 @@ class ControllerRuntime:
 
     # --- views -------------------------------------------------------------------------------
 
+    async def _lagged(self, late_ms: int) -> None:
+        if self._core is not None:
+            await self._handle(ControllerLagged(late_ms))
+
     def state(self) -> dict[str, Any]:
         out = fleet_state(self.core, self._agent_urls, self.now_ms())
+        out["controller"] = self.lag.view() | {
+            "sent": self.delivery.sent,
+            "send_failures": self.delivery.failed,
+            "sends_given_up": self.delivery.dropped,
+            "sends_queued": self.delivery.in_flight,
+        }
         if self.keys is not None:
             out["credentials"] = [
                 {"node": c.node, "agent_url": c.agent_url, "issued_ms": c.issued_ms}

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException
 
 from llmgw_twin.service.auth import Caller, ControllerKeys, CredentialRequestW, CredentialW
 from llmgw_twin.service.controller_app import ControllerRuntime
@@ -62,6 +63,19 @@ def _as_client(request: Request, _token: Bearer) -> None:
 
 
 AsNode = Annotated[Caller | None, Depends(_as_node)]
+
+
+def _shed_when_behind(runtime: ControllerRuntime) -> None:
+    """While the controller runs behind, what can wait waits: heartbeats come first."""
+    if runtime.lag.behind():
+        raise HTTPException(
+            503,
+            "the controller is behind (overloaded); retry shortly",
+            headers={"Retry-After": str(SHED_RETRY_AFTER_S)},
+        )
+
+
+SHED_RETRY_AFTER_S = 5
 
 
 def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
@@ -124,6 +138,7 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
 
     @app.get("/v1/admin/state", dependencies=admin)
     async def state() -> dict[str, Any]:
+        _shed_when_behind(runtime)
         return runtime.state()
 
     @app.get("/v1/admin/events", dependencies=admin)

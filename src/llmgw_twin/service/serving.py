@@ -18,6 +18,11 @@ from llmgw_twin.service.tls import ServerTls
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 GRACEFUL_SHUTDOWN_S = 5
+KEEP_ALIVE_S = 75
+"""How long an idle connection is kept open: longer than a heartbeat interval, so an agent's
+heartbeats reuse one connection (uvicorn's default, 5 s, made every 10 s heartbeat a new one:
+a thousand TCP handshakes a second at 10,000 nodes). Clients expire theirs sooner (60 s), so
+they never send on a connection the server is closing."""
 """How long a shutdown waits for open connections before it stops the app anyway. Without a
 bound, a TLS connection a peer keeps idle in its pool holds the shutdown for asyncio's TLS
 close timeout (30 s): the peer answers the close only when it next uses the connection."""
@@ -45,6 +50,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, tls: ServerTls | N
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
         **options,
     )
     server = uvicorn.Server(config)
