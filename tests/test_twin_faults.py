@@ -17,6 +17,7 @@ from llmgw_twin.core.model import NodeId, NodeInfo, ShardReport, ShardState, Tim
 from llmgw_twin.core.protocol import ControllerEvent, Heartbeat, NodeRegistered
 from llmgw_twin.realmode.runner import check_real_supported
 from llmgw_twin.twin import runner
+from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.loader import ScenarioError, load_scenario_text
 from llmgw_twin.twin.network import MGMT_LINK_MS, Network
 from llmgw_twin.twin.runner import RunResult, run_scenario
@@ -79,6 +80,7 @@ def run(monkeypatch: pytest.MonkeyPatch) -> Run:
             timings: Timings,
             rng: random.Random,
             to_controller: Callable[[ControllerEvent], None],
+            bulk: bool = True,
         ) -> None:
             def record(msg: ControllerEvent) -> None:
                 if isinstance(msg, Heartbeat):
@@ -98,14 +100,25 @@ def run(monkeypatch: pytest.MonkeyPatch) -> Run:
                     )
                 to_controller(msg)
 
-            super().__init__(env, nodes, network, timings, rng, record)
+            super().__init__(env, nodes, network, timings, rng, record, bulk)
             box["world"] = self
 
     monkeypatch.setattr(runner, "World", RecordingWorld)
+    receive_heartbeat = ControllerShell.receive_heartbeat
+
+    def heartbeat(shell: ControllerShell, msg: Heartbeat) -> bool:
+        """The timer's heartbeats come in by their own door (`twin/heartbeats.py`)."""
+        sent.append(
+            Sent(shell.world.now, msg.node, msg.shards, msg.failed_gpus, msg.fabric_up, False)
+        )
+        return receive_heartbeat(shell, msg)
+
+    monkeypatch.setattr(ControllerShell, "receive_heartbeat", heartbeat)
 
     def go(text: str) -> Recorded:
         sent.clear()
-        result = run_scenario(load_scenario_text(text, "t.yaml"))
+        # one event per heartbeat, so that every heartbeat is recorded
+        result = run_scenario(load_scenario_text(text, "t.yaml"), bulk=False)
         return Recorded(result, box["world"], list(sent))
 
     return go

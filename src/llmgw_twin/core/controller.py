@@ -75,6 +75,10 @@ from llmgw_twin.core.protocol import (
 )
 from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
 
+QUIET_STEP = Step()
+"""What a heartbeat that changes nothing but its node's last-seen time returns: the same empty
+step every time, so a shell can tell it at the cost of one identity test."""
+
 
 class Controller:
     """The controller core, composed of parts that own their state: the node registry (health,
@@ -174,6 +178,26 @@ class Controller:
         """GPUs a defragmentation holds for the replica it makes room for, per node."""
         return self._defrag.held
 
+    # --- bulk heartbeats (a shell that accounts for quiet heartbeats itself) -----------------
+
+    def settled(self, node: NodeId) -> bool:
+        """The node's next heartbeats, if they repeat its last report, will change nothing but
+        its last-seen time, until something about the node changes here (its assignment: see
+        `dirty_nodes`) or there (its report)."""
+        return self._fleet.settled(node)
+
+    def dirty_nodes(self) -> set[NodeId]:
+        """Nodes whose assignment changed since the last tick (read-only by convention)."""
+        return self._assignments.dirty
+
+    def coast(self, node: NodeId) -> None:
+        """The shell accounts for the alive node's quiet heartbeats until `land`."""
+        self._fleet.health.coast(node)
+
+    def land(self, node: NodeId, last_seen_ms: int) -> None:
+        """The shell hands the node back, last heard at `last_seen_ms`."""
+        self._fleet.health.land(node, last_seen_ms)
+
     # --- inputs ------------------------------------------------------------------------------
 
     def handle(self, event: ControllerEvent, now_ms: int) -> Step:
@@ -188,6 +212,10 @@ class Controller:
                 if node not in self._fleet.infos:
                     # unknown here (registered while this controller was down, say)
                     return Step(commands=(RequestReport(node),))
+                if self._fleet.hear_quiet(
+                    node, now_ms, event.fabric_up, event.failed_gpus
+                ) and self._assignments.unchanged(node, shards):
+                    return QUIET_STEP  # the usual heartbeat: nothing else to record or decide
                 self._fleet.hear(node, now_ms)
                 self._fleet.link(node, event.fabric_up)
                 self._fleet.gpus_failed(node, event.failed_gpus)

@@ -5,8 +5,15 @@ insertion-ordered dict ordered by last heartbeat (a heartbeat moves its node to 
 nodes whose silence crossed a threshold are always at the front. `expire(now)` pops from the
 front only, so it costs O(nodes that change state), never a scan of the fleet.
 
-Invariant: a node is in exactly one of `_alive`, `_suspect`, `_lost`; within `_alive` and
-`_suspect` the last-seen times are non-decreasing front to back.
+Nodes whose silence crosses a threshold in the same pass change in order of last heartbeat, ties
+broken by name: the order of two heartbeats heard in the same millisecond never shows.
+
+A shell that accounts for a node's quiet heartbeats in bulk (the twin) may set the node aside
+(`coast`): it counts as alive and never expires, since its heartbeats keep coming; `land` puts it
+back with the time it was last heard, in its place by that time.
+
+Invariant: a node is in exactly one of `_alive`, `_coasting`, `_suspect`, `_lost`; within
+`_alive` and `_suspect` the last-seen times are non-decreasing front to back.
 """
 
 from __future__ import annotations
@@ -38,9 +45,12 @@ class HealthTracker:
         self._alive: dict[NodeId, int] = {}
         self._suspect: dict[NodeId, int] = {}
         self._lost: dict[NodeId, int] = {}
+        self._coasting: dict[NodeId, int] = {}
+        """Alive nodes whose heartbeats a shell accounts for in bulk: node -> last seen when set
+        aside (stale until landed)."""
 
     def state(self, node: NodeId) -> NodeState | None:
-        if node in self._alive:
+        if node in self._alive or node in self._coasting:
             return NodeState.ALIVE
         if node in self._suspect:
             return NodeState.SUSPECT
@@ -49,18 +59,20 @@ class HealthTracker:
         return None
 
     def last_seen_ms(self, node: NodeId) -> int | None:
-        for book in (self._alive, self._suspect, self._lost):
+        """When the node was last heard (for a coasting node: when it was set aside)."""
+        for book in (self._alive, self._coasting, self._suspect, self._lost):
             if node in book:
                 return book[node]
         return None
 
     def known(self) -> list[NodeId]:
-        return sorted([*self._alive, *self._suspect, *self._lost])
+        return sorted([*self._alive, *self._coasting, *self._suspect, *self._lost])
 
     def seen(self, node: NodeId, now_ms: int) -> HealthChange | None:
         """Record a heartbeat; returns the change when the node was not alive before."""
         before = self.state(node)
         self._alive.pop(node, None)
+        self._coasting.pop(node, None)
         self._suspect.pop(node, None)
         self._lost.pop(node, None)
         self._alive[node] = now_ms
@@ -68,9 +80,36 @@ class HealthTracker:
             return None
         return _change(node, before, NodeState.ALIVE)
 
+    def heard_alive(self, node: NodeId, now_ms: int) -> bool:
+        """A heartbeat from a node alive before: recorded, True. Otherwise nothing, False."""
+        if node not in self._alive:
+            return False
+        del self._alive[node]
+        self._alive[node] = now_ms
+        return True
+
+    def coast(self, node: NodeId) -> None:
+        """Set an alive node aside: its heartbeats are accounted for elsewhere until `land`."""
+        self._coasting[node] = self._alive.pop(node)
+
+    def land(self, node: NodeId, last_seen_ms: int) -> None:
+        """Put a coasting node back, last heard at `last_seen_ms` (at most now), in its place by
+        that time: after every node heard before it, before every node heard since."""
+        del self._coasting[node]
+        alive = self._alive
+        later: list[tuple[NodeId, int]] = []
+        while alive and next(reversed(alive.values())) > last_seen_ms:
+            later.append(alive.popitem())
+        alive[node] = last_seen_ms
+        for other, seen in reversed(later):
+            alive[other] = seen
+
+    def coasting(self) -> list[NodeId]:
+        return sorted(self._coasting)
+
     @property
     def alive_count(self) -> int:
-        return len(self._alive)
+        return len(self._alive) + len(self._coasting)
 
     @property
     def suspect_count(self) -> int:
@@ -100,27 +139,31 @@ class HealthTracker:
 
     def expire_suspect(self, now_ms: int) -> list[HealthChange]:
         """Alive nodes silent for `node_suspect_after` turn suspect."""
-        changes: list[HealthChange] = []
+        moved: list[tuple[int, NodeId]] = []
         while self._alive:
             node, seen = next(iter(self._alive.items()))
             if now_ms - seen < self._suspect_after:
                 break
             del self._alive[node]
+            moved.append((seen, node))
+        moved.sort()  # by last heartbeat, ties by name
+        for seen, node in moved:
             self._suspect[node] = seen
-            changes.append(_change(node, NodeState.ALIVE, NodeState.SUSPECT))
-        return changes
+        return [_change(node, NodeState.ALIVE, NodeState.SUSPECT) for _, node in moved]
 
     def expire_lost(self, now_ms: int) -> list[HealthChange]:
         """Suspect nodes silent for `node_lost_after` are lost."""
-        changes: list[HealthChange] = []
+        moved: list[tuple[int, NodeId]] = []
         while self._suspect:
             node, seen = next(iter(self._suspect.items()))
             if now_ms - seen < self._lost_after:
                 break
             del self._suspect[node]
+            moved.append((seen, node))
+        moved.sort()  # by last heartbeat, ties by name
+        for seen, node in moved:
             self._lost[node] = seen
-            changes.append(_change(node, NodeState.SUSPECT, NodeState.LOST))
-        return changes
+        return [_change(node, NodeState.SUSPECT, NodeState.LOST) for _, node in moved]
 
     def next_deadline_ms(self) -> int | None:
         """The earliest time at which `expire` would change something."""
@@ -152,5 +195,6 @@ class HealthTracker:
 
     def forget(self, node: NodeId) -> None:
         self._alive.pop(node, None)
+        self._coasting.pop(node, None)
         self._suspect.pop(node, None)
         self._lost.pop(node, None)

@@ -168,6 +168,29 @@ class NodeRegistry:
                 for rid in self.assignments.replicas_on(node):
                     self.life.unroute(self.replicas[rid], node)
 
+    def hear_quiet(
+        self, node: NodeId, now_ms: int, fabric_up: bool, failed_gpus: tuple[int, ...]
+    ) -> bool:
+        """The usual heartbeat: a node alive and heard, nothing of its silence in the store, the
+        same link state and no GPU failed that is not known failed. Then it is heard (`hear` would
+        do just that) and True; otherwise nothing is done and False."""
+        if node in self.silence_marked or node not in self.heard_nodes:
+            return False
+        if self.capacity.link_up(node) != fabric_up:
+            return False
+        if failed_gpus and not set(failed_gpus).issubset(self.capacity.failed_gpus(node)):
+            return False
+        if not self.health.heard_alive(node, now_ms):
+            return False
+        if self.failures.heard(node, now_ms):
+            self.life.placement_due = True
+        return True
+
+    def settled(self, node: NodeId) -> bool:
+        """Nothing waits on the node's next heartbeat: none of its failures waits to be lifted by
+        it, its assignment is unchanged since the last tick, and it is not out of sync."""
+        return node not in self.failures._unheard and node not in self.assignments.dirty
+
     def hear(self, node: NodeId, now_ms: int, announce: bool = True) -> None:
         """A node spoke: it is alive, and once heard it may be placed on."""
         change = self.health.seen(node, now_ms)

@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import assert_never
 
 from llmgw_twin.core.apply import apply_step
-from llmgw_twin.core.controller import Controller
+from llmgw_twin.core.controller import QUIET_STEP, Controller
 from llmgw_twin.core.model import NodeId, TraceEvent
 from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
     Assigned,
     AssignShards,
+    ClearFailedGpu,
     ControllerCommand,
     ControllerEvent,
     Heartbeat,
@@ -55,12 +56,32 @@ class ControllerShell:
         self._apply(self.core.start(world.now), heard=None)
 
     def receive(self, msg: ControllerEvent) -> None:
+        self._receive(msg)
+
+    def receive_heartbeat(self, msg: Heartbeat) -> bool:
+        """Deliver a heartbeat; True when it changed nothing but its node's last-seen time, and
+        nothing here waits on that node's next one."""
+        return self._receive(msg)
+
+    def _receive(self, msg: ControllerEvent) -> bool:
         if not self.up:
-            return  # nobody listening: the agent's message is lost
+            return False  # nobody listening: the agent's message is lost
         heard: NodeId | None = None
         if isinstance(msg, Heartbeat | NodeRegistered) and self.checks.delivered(msg):
             heard = msg.node if isinstance(msg, Heartbeat) else msg.info.node
-        self._apply(self.core.handle(msg, self.world.now), heard)
+        step = self.core.handle(msg, self.world.now)
+        if step is QUIET_STEP and heard is None:  # no commit, no events, nothing to check
+            if self.world.gpu_violations:
+                self.checks.after_step(self.core, self.world.now, (), None)
+            return isinstance(msg, Heartbeat) and self.core.settled(msg.node)
+        self._apply(step, heard)
+        return False
+
+    def coast(self, node: NodeId) -> None:
+        self.core.coast(node)
+
+    def land(self, node: NodeId, last_seen_ms: int) -> None:
+        self.core.land(node, last_seen_ms)
 
     def operator(self, msg: ControllerEvent) -> None:
         """An admin API call (a deployment change); while the controller is down the operator's
@@ -68,15 +89,19 @@ class ControllerShell:
         if not self.up:
             self._waiting_ops.append(msg)
             return
+        if isinstance(msg, ClearFailedGpu):  # the node's next heartbeat reports the GPU again
+            self.world.heartbeats.land(msg.node)
         self._apply(self.core.handle(msg, self.world.now), heard=None)
 
     def crash(self) -> None:
         """The controller process dies with everything in its memory, the router's table too."""
+        self.world.heartbeats.land_all()  # heartbeats to a dead controller are lost, not quiet
         self.up = False
         self.generation += 1
 
     def restart(self) -> None:
         """A new controller process starts from the store."""
+        self.world.heartbeats.land_all()  # (a restart without a crash between: outages overlap)
         self.up = True
         self.generation += 1
         self.router = Router()
@@ -99,6 +124,11 @@ class ControllerShell:
         now = self.world.now
         apply_step(step, commit=self.store.commit, publish=self._publish, send=self._send)
         self.checks.after_step(self.core, now, step.events, heard)
+        coasting = self.world.heartbeats.coasting
+        if coasting:
+            # a node whose assignment changed will not stay quiet: its heartbeats become events
+            for node in sorted(n for n in self.core.dirty_nodes() if n in coasting):
+                self.world.heartbeats.land(node)
         if step.wake_at_ms is not None:
             generation = self.generation
             self.world.later(step.wake_at_ms - now, lambda: self._tick(generation))
@@ -108,6 +138,7 @@ class ControllerShell:
         self.router.follow(event)
 
     def _send(self, cmd: ControllerCommand) -> None:
+        self.world.heartbeats.land(cmd.node)  # told something: the node will not stay quiet
         match cmd:
             case AssignShards(node=node, shards=shards):
                 self.world.send_to_agent(node, Assigned(shards))

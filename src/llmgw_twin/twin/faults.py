@@ -72,6 +72,7 @@ def schedule_faults(
                 controller.operator(ApplyDeployment(deployments[model]))
             case Partition(nodes=nodes, for_ms=for_ms):
                 for node in nodes:  # overlapping partitions: the link heals with the last
+                    world.heartbeats.land(node)  # its heartbeats stop reaching the controller
                     cuts[node] = cuts.get(node, 0) + 1
                     world.network.cut_from_controller(node)
                 world.later(for_ms, lambda: _heal(world, nodes, cuts))

@@ -84,7 +84,9 @@ def check_supported(scenario: Scenario) -> None:
             raise UnsupportedScenario(f"profile {profile.name}: {e.args[0]}") from None
 
 
-def run_scenario(scenario: Scenario, seed: int | None = None) -> RunResult:
+def run_scenario(scenario: Scenario, seed: int | None = None, bulk: bool = True) -> RunResult:
+    """`bulk`: account for quiet heartbeats in bulk (the same result as one event per heartbeat,
+    `twin/heartbeats.py`); False runs every heartbeat as its two events."""
     check_supported(scenario)
     run_seed = scenario.seed if seed is None else seed
     env = simpy.Environment()
@@ -97,9 +99,12 @@ def run_scenario(scenario: Scenario, seed: int | None = None) -> RunResult:
             shell.receive(msg)
 
     world = World(
-        env, scenario.nodes, network, scenario.timings, random.Random(run_seed), to_controller
+        env, scenario.nodes, network, scenario.timings, random.Random(run_seed), to_controller, bulk
     )
     shell = ControllerShell(scenario, world, trace)
+    world.heartbeats.receive = shell.receive_heartbeat
+    world.heartbeats.on_coast = shell.coast
+    world.heartbeats.on_land = shell.land
     schedule_faults(scenario, world, shell, trace)
     for name in sorted(world.nodes):
         world.nodes[name].boot()

@@ -36,7 +36,6 @@ from llmgw_twin.core.protocol import (
     EngineUnresponsive,
     FabricLink,
     GpuFailed,
-    HeartbeatDue,
     SendReport,
     ShardStopped,
     SidecarUp,
@@ -46,6 +45,7 @@ from llmgw_twin.core.protocol import (
 )
 from llmgw_twin.engines.base import DEFAULT_HTTP_PORT, LaunchContext
 from llmgw_twin.engines.registry import adapter_for
+from llmgw_twin.twin.heartbeats import Heartbeats
 from llmgw_twin.twin.network import Network
 
 SIDECAR_START_MS = 100
@@ -91,6 +91,7 @@ class World:
         timings: Timings,
         rng: random.Random,
         to_controller: Callable[[ControllerEvent], None],
+        bulk: bool = True,
     ) -> None:
         self.env = env
         self.network = network
@@ -105,6 +106,7 @@ class World:
         self.failed_gpus: set[tuple[NodeId, int]] = set()
         self.engine_starts = 0
         self.engine_start_times: list[int] = []
+        self.heartbeats = Heartbeats(self, bulk)
 
     @property
     def now(self) -> int:
@@ -185,6 +187,7 @@ class World:
             slot = (engine.spec.node, g)
             holder = self.gpu_holder.get(slot)
             if holder is not None and holder != engine.key:
+                self.heartbeats.land_all()  # reported at the controller's next step, whichever
                 self.gpu_violations.append(
                     f"t={self.now}ms GPU {g} of {engine.spec.node} held by "
                     f"{holder.replica}/{holder.rank} and {engine.key.replica}/{engine.key.rank}"
@@ -208,6 +211,9 @@ class SimNode:
         self.generation = 0  # bumped at every boot and kill: late callbacks check it
         self.core = AgentCore(info)
         self.engines: dict[ShardKey, SimEngine] = {}
+        self.next_beat: simpy.Event | None = None
+        """The agent's pending heartbeat timer (None while dead or coasting)."""
+        self.next_beat_at = 0
 
     @property
     def name(self) -> NodeId:
@@ -234,19 +240,13 @@ class SimNode:
         self.world.send_to_controller(self.name, self.core.registration())
         interval = self.world.timings.heartbeat_interval_ms
         phase = self.world.rng.randrange(1, interval + 1)
-        self._heartbeat_after(phase, self.generation)
-
-    def _heartbeat_after(self, delay_ms: int, generation: int) -> None:
-        def beat() -> None:
-            if self.up and self.generation == generation:
-                self.deliver(HeartbeatDue(), generation)
-                self._heartbeat_after(self.world.timings.heartbeat_interval_ms, generation)
-
-        self.world.later(delay_ms, beat)
+        self.world.heartbeats.start(self, phase)
 
     def kill(self) -> None:
         """Power off: the agent and every engine on the node are gone at once. Peers elsewhere
         notice nothing yet: their connections to this node just go silent."""
+        self.world.heartbeats.land(self.name)
+        self.next_beat = None
         self.up = False
         self.generation += 1
         for engine in self.engines_sorted():
@@ -268,6 +268,7 @@ class SimNode:
     def deliver(self, event: AgentEvent, generation: int) -> None:
         if not self.up or generation != self.generation:
             return  # sent to an agent that has since died
+        self.world.heartbeats.land(self.name)  # its heartbeats so far, before anything changes
         for cmd in self.core.handle(event).commands:
             match cmd:
                 case StartSidecar(spec=spec):
@@ -280,7 +281,7 @@ class SimNode:
                         self._stop_engine(engine)  # SIGKILL: gone at once
                     self._stopped_soon(key, token)
                 case SendReport(report=report):
-                    self.world.send_to_controller(self.name, report)
+                    self.world.send_to_controller(self.name, report)  # at once, not a heartbeat
                 case _:
                     assert_never(cmd)
 
