@@ -10,14 +10,15 @@ broken by name: the order of two heartbeats heard in the same millisecond never 
 
 A shell that accounts for a node's quiet heartbeats in bulk (the twin) may set the node aside
 (`coast`): it counts as alive and never expires, since its heartbeats keep coming; `land` puts it
-back with the time it was last heard, in its place by that time.
+back with the time it was last heard, and it expires by that time.
 
-Invariant: a node is in exactly one of `_alive`, `_coasting`, `_suspect`, `_lost`; within
-`_alive` and `_suspect` the last-seen times are non-decreasing front to back.
+Invariant: a node is in exactly one of `_alive`, `_landed`, `_coasting`, `_suspect`, `_lost`;
+within `_alive` and `_suspect` the last-seen times are non-decreasing front to back.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from llmgw_twin.core import states
@@ -46,11 +47,15 @@ class HealthTracker:
         self._suspect: dict[NodeId, int] = {}
         self._lost: dict[NodeId, int] = {}
         self._coasting: dict[NodeId, int] = {}
+        self._landed: dict[NodeId, int] = {}
+        """Alive nodes handed back by `land`, not heard since: node -> last seen."""
+        self._landed_heap: list[tuple[int, NodeId]] = []
+        """(last seen, node) of landed nodes; an entry no longer in `_landed` is stale."""
         """Alive nodes whose heartbeats a shell accounts for in bulk: node -> last seen when set
         aside (stale until landed)."""
 
     def state(self, node: NodeId) -> NodeState | None:
-        if node in self._alive or node in self._coasting:
+        if node in self._alive or node in self._coasting or node in self._landed:
             return NodeState.ALIVE
         if node in self._suspect:
             return NodeState.SUSPECT
@@ -60,18 +65,19 @@ class HealthTracker:
 
     def last_seen_ms(self, node: NodeId) -> int | None:
         """When the node was last heard (for a coasting node: when it was set aside)."""
-        for book in (self._alive, self._coasting, self._suspect, self._lost):
+        for book in (self._alive, self._landed, self._coasting, self._suspect, self._lost):
             if node in book:
                 return book[node]
         return None
 
     def known(self) -> list[NodeId]:
-        return sorted([*self._alive, *self._coasting, *self._suspect, *self._lost])
+        return sorted([*self._alive, *self._landed, *self._coasting, *self._suspect, *self._lost])
 
     def seen(self, node: NodeId, now_ms: int) -> HealthChange | None:
         """Record a heartbeat; returns the change when the node was not alive before."""
         before = self.state(node)
         self._alive.pop(node, None)
+        self._landed.pop(node, None)
         self._coasting.pop(node, None)
         self._suspect.pop(node, None)
         self._lost.pop(node, None)
@@ -82,34 +88,34 @@ class HealthTracker:
 
     def heard_alive(self, node: NodeId, now_ms: int) -> bool:
         """A heartbeat from a node alive before: recorded, True. Otherwise nothing, False."""
-        if node not in self._alive:
+        if node in self._alive:
+            del self._alive[node]
+        elif self._landed.pop(node, None) is None:
             return False
-        del self._alive[node]
         self._alive[node] = now_ms
         return True
 
     def coast(self, node: NodeId) -> None:
         """Set an alive node aside: its heartbeats are accounted for elsewhere until `land`."""
-        self._coasting[node] = self._alive.pop(node)
+        if node in self._landed:
+            self._coasting[node] = self._landed.pop(node)
+        else:
+            self._coasting[node] = self._alive.pop(node)
 
     def land(self, node: NodeId, last_seen_ms: int) -> None:
-        """Put a coasting node back, last heard at `last_seen_ms` (at most now), in its place by
-        that time: after every node heard before it, before every node heard since."""
+        """Put a coasting node back, last heard at `last_seen_ms` (at most now). Nodes heard
+        since are already at the back of `_alive`, so it waits in `_landed` (and its heap, by
+        last-seen time) until it is heard again or its silence crosses a threshold."""
         del self._coasting[node]
-        alive = self._alive
-        later: list[tuple[NodeId, int]] = []
-        while alive and next(reversed(alive.values())) > last_seen_ms:
-            later.append(alive.popitem())
-        alive[node] = last_seen_ms
-        for other, seen in reversed(later):
-            alive[other] = seen
+        self._landed[node] = last_seen_ms
+        heapq.heappush(self._landed_heap, (last_seen_ms, node))
 
     def coasting(self) -> list[NodeId]:
         return sorted(self._coasting)
 
     @property
     def alive_count(self) -> int:
-        return len(self._alive) + len(self._coasting)
+        return len(self._alive) + len(self._landed) + len(self._coasting)
 
     @property
     def suspect_count(self) -> int:
@@ -146,6 +152,12 @@ class HealthTracker:
                 break
             del self._alive[node]
             moved.append((seen, node))
+        heap = self._landed_heap
+        while heap and now_ms - heap[0][0] >= self._suspect_after:
+            seen, node = heapq.heappop(heap)
+            if self._landed.get(node) == seen:
+                del self._landed[node]
+                moved.append((seen, node))
         moved.sort()  # by last heartbeat, ties by name
         for seen, node in moved:
             self._suspect[node] = seen
@@ -170,6 +182,8 @@ class HealthTracker:
         deadlines: list[int] = []
         if self._alive:
             deadlines.append(next(iter(self._alive.values())) + self._suspect_after)
+        if self._landed:
+            deadlines.append(min(self._landed.values()) + self._suspect_after)
         if self._suspect:
             deadlines.append(next(iter(self._suspect.values())) + self._lost_after)
         return min(deadlines) if deadlines else None
@@ -195,6 +209,7 @@ class HealthTracker:
 
     def forget(self, node: NodeId) -> None:
         self._alive.pop(node, None)
+        self._landed.pop(node, None)
         self._coasting.pop(node, None)
         self._suspect.pop(node, None)
         self._lost.pop(node, None)

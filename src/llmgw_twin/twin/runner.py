@@ -9,6 +9,7 @@ Same scenario and seed, same trace, byte for byte: all randomness comes from one
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import random
@@ -108,6 +109,23 @@ def run_scenario(scenario: Scenario, seed: int | None = None, bulk: bool = True)
     schedule_faults(scenario, world, shell, trace)
     for name in sorted(world.nodes):
         world.nodes[name].boot()
+    # the world, the fleet and the controller live for the whole run: keep the collector from
+    # walking them again at every full collection (it still collects what the run creates)
+    gc.freeze()
+    try:
+        return _run(scenario, run_seed, env, world, shell, trace)
+    finally:
+        gc.unfreeze()
+
+
+def _run(
+    scenario: Scenario,
+    run_seed: int,
+    env: simpy.Environment,
+    world: World,
+    shell: ControllerShell,
+    trace: list[TraceEvent],
+) -> RunResult:
 
     outcomes: dict[int, Outcome] = {}
     # Run in segments that end just after each state check's instant: times are whole
