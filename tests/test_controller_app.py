@@ -225,6 +225,17 @@ def test_a_whole_replica_becomes_ready_and_the_router_proxies_to_it(tmp_path: Pa
             assert [e["kind"] for e in later["events"]] == kinds[-1:]
             assert all(e["t_ms"] >= 0 for e in events["events"])
             assert rt.router.pick(replica["model"]) is not None
+            # read two at a time, following `next`: the same log, in order
+            paged: list[str] = []
+            after = 0
+            for _ in range(len(kinds)):
+                page = (await client.get(f"/v1/admin/events?after={after}&limit=2")).json()
+                assert len(page["events"]) <= 2
+                if not page["events"]:
+                    break
+                paged += [e["kind"] for e in page["events"]]
+                after = page["next"]
+            assert paged == kinds[: len(paged)] and len(paged) >= len(kinds)
 
     asyncio.run(go())
 

@@ -176,8 +176,10 @@ def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: 
         )
         original = runtime.store.commit
         runtime.store.commit = broken  # type: ignore[method-assign]
+        done = runtime._apply(step)
+        assert done is not None  # it has a write: carried out only once durable
         with pytest.raises(RuntimeError, match="disk full"):
-            runtime._apply(step)
+            await done
         runtime.store.commit = original  # type: ignore[method-assign]
         assert runtime.delivery.in_flight == 0  # no send was even started
         assert "/v1/report-request" not in sent

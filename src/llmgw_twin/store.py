@@ -85,7 +85,9 @@ class Store:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._db = sqlite3.connect(path, isolation_level=None)  # transactions are explicit
+        # transactions are explicit; the controller commits from a worker thread, one use at a
+        # time (`service.committer`), so the connection may be used from another thread
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._migrate()

@@ -64,6 +64,7 @@ from llmgw_twin.service.auth import (
     new_token,
     token_hash,
 )
+from llmgw_twin.service.committer import Committer
 from llmgw_twin.service.config import ControllerSettings
 from llmgw_twin.service.delivery import Delivery
 from llmgw_twin.service.lag import LagMonitor
@@ -84,7 +85,10 @@ log = logging.getLogger("llmgw_twin.controller")
 
 PROXY_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
 EVENTS_KEPT = 100_000
-"""The event log keeps this many recent events; `/v1/admin/events` says how many were dropped."""
+"""The event log keeps at least this many recent events (at most twice as many, trimmed in
+one go); `/v1/admin/events` says how many asked for were dropped."""
+EVENTS_PAGE = 5_000
+"""The most events one read of the log returns: a reader follows `next`."""
 
 EXIT_FATAL = 70
 """The controller process's exit status after a failed store commit or a fault in the core."""
@@ -143,6 +147,7 @@ class ControllerRuntime:
         self._wake = asyncio.Event()
         self._events: list[TraceEvent] = []
         self._events_dropped = 0
+        self.committer = Committer(self.store, self._carry_out, fatal)
         self.delivery = Delivery(
             self._agent_urls, self.keys, tls=settings.agents_tls, transport=agent_transport
         )
@@ -169,6 +174,7 @@ class ControllerRuntime:
             transport=self._engine_transport, timeout=PROXY_TIMEOUT, trust_env=False
         )
         restored = self.store.load()
+        self.committer.start()
         async with self._lock:
             if restored != DurableState():
                 log.info(
@@ -201,6 +207,7 @@ class ControllerRuntime:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
+        await self.committer.close()
         await self.delivery.close()
         if self._engines is not None:
             await self._engines.aclose()
@@ -230,24 +237,26 @@ class ControllerRuntime:
 
     # --- carrying out a step (never awaits) --------------------------------------------------
 
-    def _apply(self, step: Step, answered_in_band: NodeId | None = None) -> None:
+    def _apply(
+        self, step: Step, answered_in_band: NodeId | None = None
+    ) -> asyncio.Future[None] | None:
+        """Hand `step` to the committer: carried out once durable (the future resolves then;
+        None: carried out already, it had nothing to write)."""
+        if step.wake_at_ms is not None:
+            self._arm(step.wake_at_ms)
+        return self.committer.submit(step, answered_in_band)
+
+    def _carry_out(self, step: Step, answered_in_band: NodeId | None) -> None:
         def send(cmd: ControllerCommand) -> None:
             if isinstance(cmd, RequestReport) and cmd.node == answered_in_band:
                 return  # answered in the reply itself
             self.delivery.send(cmd)
 
-        def commit(writes: tuple[Write, ...]) -> None:
-            try:
-                self.store.commit(writes)
-            except Exception as e:
-                log.exception("committing a step failed")
-                self._fatal(f"committing a step to {self.settings.store} failed: {e!r}")
-                raise
+        def committed(_writes: tuple[Write, ...]) -> None:
+            pass  # the committer made them durable before this is called
 
         # durable before anything leaves the process; events before commands
-        apply_step(step, commit=commit, publish=self._record, send=send)
-        if step.wake_at_ms is not None:
-            self._arm(step.wake_at_ms)
+        apply_step(step, commit=committed, publish=self._record, send=send)
 
     def _arm(self, wake_at_ms: int) -> None:
         if self._wake_at is None or wake_at_ms < self._wake_at:
@@ -257,7 +266,7 @@ class ControllerRuntime:
     def _record(self, ev: TraceEvent) -> None:
         log.info("%s %s", ev.kind, " ".join(f"{k}={v}" for k, v in ev.subjects if k != "argv"))
         self._events.append(ev)
-        if len(self._events) > EVENTS_KEPT:
+        if len(self._events) >= 2 * EVENTS_KEPT:  # amortised O(1): halve once in a while
             drop = len(self._events) - EVENTS_KEPT
             del self._events[:drop]
             self._events_dropped += drop
@@ -275,7 +284,9 @@ class ControllerRuntime:
                 log.exception("the core failed on %s", type(event).__name__)
                 self._fatal(f"the core failed on {type(event).__name__}: {e!r}")
                 raise
-            self._apply(step, answered_in_band)
+            done = self._apply(step, answered_in_band)
+        if done is not None:
+            await done  # answered once what it decided is durable
         return step
 
     def _speaks_for(self, caller: Caller | None, node: str, shard_nodes: list[str]) -> None:
@@ -308,7 +319,7 @@ class ControllerRuntime:
                     bound,
                 )
         elif self._agent_urls.get(node) != body.agent_url:
-            self.store.put_agent_url(node, body.agent_url)
+            await self.committer.run(self.store.put_agent_url, node, body.agent_url)
             self._agent_urls[node] = body.agent_url
         await self._handle(msg)
         return ReportReplyW()
@@ -357,7 +368,9 @@ class ControllerRuntime:
         url = body.agent_url.rstrip("/")
         async with self._lock:
             cred = NodeCredential(node, token_hash(token), url, self.now_ms())
-            self.store.put_credential(cred.node, cred.token_sha256, url, cred.issued_ms)
+            await self.committer.run(
+                self.store.put_credential, cred.node, cred.token_sha256, url, cred.issued_ms
+            )
             keys.put(cred)
             self._agent_urls[NodeId(node)] = url
         log.info("issued a credential for node %s, bound to %s", node, url)
@@ -376,7 +389,7 @@ class ControllerRuntime:
         async with self._lock:
             if keys.revoke(node) is None:
                 raise Refused(f"node {node} has no credential", 404)
-            self.store.delete_credential(node)
+            await self.committer.run(self.store.delete_credential, node)
             self._agent_urls.pop(NodeId(node), None)
         log.warning("revoked node %s's credential", node)
         return {"node": node, "revoked": True}
@@ -402,13 +415,13 @@ class ControllerRuntime:
             ]
         return out
 
-    def events(self, after: int) -> dict[str, Any]:
+    def events(self, after: int, limit: int = EVENTS_PAGE) -> dict[str, Any]:
+        """Events `after`.. of the log, at most `limit` of them: follow `next` for the rest."""
         start = max(after - self._events_dropped, 0)
+        page = self._events[start : start + limit]
         return {
-            "events": [
-                TraceEventW.from_core(ev).model_dump(mode="json") for ev in self._events[start:]
-            ],
-            "next": self._events_dropped + len(self._events),
+            "events": [TraceEventW.from_core(ev).model_dump(mode="json") for ev in page],
+            "next": self._events_dropped + start + len(page),
             "dropped": max(self._events_dropped - after, 0),
             # the host's monotonic clock at t_ms 0: lets a harness on the same host put events
             # of successive controller processes on one time line

@@ -18,7 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from llmgw_twin.service.auth import Caller, ControllerKeys, CredentialRequestW, CredentialW
-from llmgw_twin.service.controller_app import ControllerRuntime
+from llmgw_twin.service.controller_app import EVENTS_PAGE, ControllerRuntime
 from llmgw_twin.service.limits import BodyLimit
 from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.wire import (
@@ -142,8 +142,11 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
         return runtime.state()
 
     @app.get("/v1/admin/events", dependencies=admin)
-    async def events(after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
-        return runtime.events(after)
+    async def events(
+        after: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=EVENTS_PAGE)] = EVENTS_PAGE,
+    ) -> dict[str, Any]:
+        return runtime.events(after, limit)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
