@@ -5,10 +5,12 @@ pattern, and the control core's own cost, in one run.
                                         [--repeats 3] [--budget 120]
 
 1. A steady fleet (8-GPU nodes in fabrics of 100, 95% of the GPUs held by 2-node replicas, no
-   faults) for each size and virtual time: the twin's wall time, min and median of the repeats,
-   against bare SimPy on exactly the twin's heartbeat pattern: every node beats at a seeded
-   phase in (0, interval], each beat is delivered after the control latency (2 ms), and a 1 s
-   reconcile tick runs; no control logic. Printed with the ratio and the speed over real time.
+   faults) for each size and virtual time: the twin's wall time (bulk heartbeats, the default),
+   min and median of the repeats, beside the same twin with one event per heartbeat (once,
+   skipped on budget as below), and against bare SimPy on exactly the twin's heartbeat
+   pattern: every node beats at a seeded phase in (0, interval], each beat is delivered after
+   the control latency (2 ms), and a 1 s reconcile tick runs; no control logic. Printed with
+   the ratio and the speed over real time.
    A run whose estimate (from the last smaller run of the same size) exceeds `--budget`
    seconds is skipped and its estimate printed.
 2. The control core alone at 1,000 and 10,000 nodes: one steady tick, one placement, and the
@@ -60,9 +62,9 @@ def steady(nodes: int, virtual_ms: int) -> Scenario:
     return replace(scenario, faults=(), duration_ms=virtual_ms)
 
 
-def twin_seconds(scenario: Scenario) -> float:
+def twin_seconds(scenario: Scenario, bulk: bool = True) -> float:
     start = time.perf_counter()
-    result = run_scenario(scenario)
+    result = run_scenario(scenario, bulk=bulk)
     took = time.perf_counter() - start
     assert result.passed, "the steady fleet must pass its invariants"
     return took
@@ -103,11 +105,12 @@ def repeat(fn: Callable[[], float], times: int) -> tuple[float, float]:
 def fleet_rows(sizes: list[int], virtuals: list[int], repeats: int, budget: float) -> None:
     print("steady fleet: twin against bare SimPy on the same heartbeat pattern")
     print(
-        f"{'nodes':>7} {'virtual':>8} {'twin min / median':>22} {'bare min / median':>22} "
-        f"{'twin/bare':>9} {'x real time':>12}"
+        f"{'nodes':>7} {'virtual':>8} {'twin min / median':>22} {'per-beat':>9} "
+        f"{'bare min / median':>22} {'twin/bare':>9} {'x real time':>12}"
     )
     for nodes in sizes:
         per_virtual_ms: float | None = None  # twin seconds per virtual ms, last run of this size
+        per_beat_rate: float | None = None
         previous: float | None = None
         for virtual in virtuals:
             label = fmt_duration(virtual)
@@ -117,13 +120,18 @@ def fleet_rows(sizes: list[int], virtuals: list[int], repeats: int, budget: floa
                 continue
             scenario = steady(nodes, virtual)
             twin = repeat(partial(twin_seconds, scenario), repeats)
+            beat = "skipped"
+            if per_beat_rate is None or per_beat_rate * virtual <= budget:
+                beat_s = twin_seconds(scenario, bulk=False)
+                per_beat_rate = beat_s / virtual
+                beat = f"{beat_s:.2f} s"
             bare = repeat(
                 partial(bare_seconds, nodes, virtual, scenario.timings, scenario.seed), repeats
             )
             growth = f" (x{twin[0] / previous:.1f} over the last)" if previous else ""
             print(
-                f"{nodes:>7} {label:>8} {twin[0]:>9.2f} s / {twin[1]:>7.2f} s "
-                f"{bare[0]:>9.2f} s / {bare[1]:>7.2f} s {twin[0] / bare[0]:>9.1f} "
+                f"{nodes:>7} {label:>8} {twin[0]:>9.2f} s / {twin[1]:>7.2f} s {beat:>9} "
+                f"{bare[0]:>9.2f} s / {bare[1]:>7.2f} s {twin[0] / bare[0]:>9.2f} "
                 f"{virtual / 1000 / twin[0]:>11.0f}x{growth}"
             )
             per_virtual_ms = twin[0] / virtual

@@ -178,12 +178,10 @@ class Controller:
         """GPUs a defragmentation holds for the replica it makes room for, per node."""
         return self._defrag.held
 
-    # --- bulk heartbeats (a shell that accounts for quiet heartbeats itself) -----------------
+    # --- bulk heartbeats: a shell that accounts for quiet heartbeats itself (the twin) --------
 
     def settled(self, node: NodeId) -> bool:
-        """The node's next heartbeats, if they repeat its last report, will change nothing but
-        its last-seen time, until something about the node changes here (its assignment: see
-        `dirty_nodes`) or there (its report)."""
+        """Nothing here waits on the node's next heartbeat (see `NodeRegistry.settled`)."""
         return self._fleet.settled(node)
 
     def dirty_nodes(self) -> set[NodeId]:
@@ -191,11 +189,9 @@ class Controller:
         return self._assignments.dirty
 
     def coast(self, node: NodeId) -> None:
-        """The shell accounts for the alive node's quiet heartbeats until `land`."""
         self._fleet.health.coast(node)
 
     def land(self, node: NodeId, last_seen_ms: int) -> None:
-        """The shell hands the node back, last heard at `last_seen_ms`."""
         self._fleet.health.land(node, last_seen_ms)
 
     # --- inputs ------------------------------------------------------------------------------
