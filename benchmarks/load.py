@@ -49,7 +49,6 @@ from llmgw_twin.service.auth import new_token, token_hash
 
 GPUS = 8
 FABRIC_SIZE = 100
-READY_DEADLINE_S = 600.0
 LOST_MARGIN_S = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -141,6 +140,7 @@ class Agent:
     silenced: bool = False
     last_beat_ms: float = 0.0
     registered: bool = False
+    assigns: int = 0
 
 
 @dataclass
@@ -232,6 +232,7 @@ class Load:
         agent = self.agents.get(parts[2]) if len(parts) > 3 else None
         if agent is not None and scope["path"].endswith("/v1/assign"):
             agent.shards = json.loads(body)["shards"]
+            agent.assigns += 1
             agent.changed.set()
         elif agent is not None and scope["path"].endswith("/v1/report-request"):
             agent.registered = False
@@ -357,7 +358,7 @@ class Load:
         await asyncio.gather(*(one(a) for a in self.agents.values()))
 
     async def until_ready(self, client: httpx.AsyncClient, t_start: float) -> float | None:
-        while time.monotonic() - t_start < READY_DEADLINE_S:
+        while time.monotonic() - t_start < self.args.ready_deadline:
             await asyncio.sleep(2.0)
             st = await self.state(client)
             ready = sum(1 for r in (st or {}).get("replicas", []) if r["state"] == "ready")
@@ -476,6 +477,12 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=120.0, help="seconds of steady state")
     p.add_argument("--silence", type=float, default=0.01, help="share of nodes silenced")
     p.add_argument("--interval", type=int, default=10, help="heartbeat interval, seconds")
+    p.add_argument(
+        "--ready-deadline",
+        type=float,
+        default=300.0,
+        help="seconds to wait for every replica to be ready before measuring anyway",
+    )
     args = p.parse_args()
     os.sched_setaffinity(0, {1})
     rows = []
