@@ -140,7 +140,6 @@ class Agent:
     silenced: bool = False
     last_beat_ms: float = 0.0
     registered: bool = False
-    assigns: int = 0
 
 
 @dataclass
@@ -232,7 +231,6 @@ class Load:
         agent = self.agents.get(parts[2]) if len(parts) > 3 else None
         if agent is not None and scope["path"].endswith("/v1/assign"):
             agent.shards = json.loads(body)["shards"]
-            agent.assigns += 1
             agent.changed.set()
         elif agent is not None and scope["path"].endswith("/v1/report-request"):
             agent.registered = False

@@ -32,7 +32,6 @@ import collections
 import logging
 import os
 import time
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, assert_never
 
@@ -59,6 +58,7 @@ from llmgw_twin.service.auth import AgentKeys, CredentialFile
 from llmgw_twin.service.config import AgentSettings
 from llmgw_twin.service.limits import BodyLimit
 from llmgw_twin.service.replies import CONFLICT, ERRORS
+from llmgw_twin.service.serving import lifespan_of
 from llmgw_twin.service.shards import ShardRunner
 from llmgw_twin.service.tls import client_verify
 from llmgw_twin.service.wire import (
@@ -352,16 +352,10 @@ def _as_controller(
 
 
 def create_agent_app(runtime: AgentRuntime) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> Any:
-        await runtime.start()
-        try:
-            yield
-        finally:
-            await runtime.stop()
-
     app = FastAPI(
-        title=f"llmgw-twin agent {runtime.info.node}", lifespan=lifespan, responses=ERRORS
+        title=f"llmgw-twin agent {runtime.info.node}",
+        lifespan=lifespan_of(runtime),
+        responses=ERRORS,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimit)

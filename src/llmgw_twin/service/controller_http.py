@@ -9,7 +9,6 @@ them, and every error is JSON (`wire.install_error_handlers`).
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
@@ -21,6 +20,7 @@ from llmgw_twin.service.auth import Caller, ControllerKeys, CredentialRequestW, 
 from llmgw_twin.service.controller_app import EVENTS_PAGE, ControllerRuntime
 from llmgw_twin.service.limits import BodyLimit
 from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
+from llmgw_twin.service.serving import lifespan_of
 from llmgw_twin.service.wire import (
     NAME_PATTERN,
     DeploymentW,
@@ -79,15 +79,7 @@ SHED_RETRY_AFTER_S = 5
 
 
 def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> Any:
-        await runtime.start()
-        try:
-            yield
-        finally:
-            await runtime.stop()
-
-    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan, responses=ERRORS)
+    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan_of(runtime), responses=ERRORS)
     install_error_handlers(app)
     limits = runtime.settings.limits
     app.add_middleware(

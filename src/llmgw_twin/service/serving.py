@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
 
 import uvicorn
 from fastapi import FastAPI
@@ -37,6 +40,26 @@ def add_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
+
+
+class Runtime(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def lifespan_of(runtime: Runtime) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the runtime starts before the first request and stops after the
+    last one."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    return lifespan
 
 
 def serve(app: FastAPI, host: str, port: int, log_level: str, tls: ServerTls | None = None) -> int:
