@@ -343,7 +343,7 @@ class AgentRuntime:
 _scheme = HTTPBearer(auto_error=False, description="the controller's token for this node")
 
 
-def _as_controller(
+async def _as_controller(
     request: Request, _token: Annotated[HTTPAuthorizationCredentials | None, Security(_scheme)]
 ) -> None:
     runtime: AgentRuntime = request.app.state.runtime

@@ -45,18 +45,18 @@ def _keys(request: Request) -> ControllerKeys | None:
     return runtime.keys
 
 
-def _as_admin(request: Request, _token: Bearer) -> None:
+async def _as_admin(request: Request, _token: Bearer) -> None:
     keys = _keys(request)
     if keys is not None:
         keys.require(request, "admin")
 
 
-def _as_node(request: Request, _token: Bearer) -> Caller | None:
+async def _as_node(request: Request, _token: Bearer) -> Caller | None:
     keys = _keys(request)
     return keys.require(request, "node") if keys is not None else None
 
 
-def _as_client(request: Request, _token: Bearer) -> None:
+async def _as_client(request: Request, _token: Bearer) -> None:
     keys = _keys(request)
     if keys is not None and keys.api_key_hashes:
         keys.require(request, "api")
