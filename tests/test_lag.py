@@ -81,6 +81,11 @@ def test_the_shell_measures_its_own_lag_reports_it_and_sheds_state_views(
                 transport=httpx.ASGITransport(app=app), base_url="http://c"
             ) as client:
                 assert (await client.get("/v1/admin/state")).json()["controller"]["behind"] is False
+
+                async def watching() -> bool | None:
+                    return runtime.lag.watching or None
+
+                await eventually(watching, 5, "the lag monitor measuring")
                 time.sleep(0.8)  # the event loop blocked: the controller itself is behind
 
                 async def reported() -> bool | None:

@@ -37,6 +37,8 @@ class LagMonitor:
         self._last_at: float | None = None
         self._logged_at = 0.0
         self._task: asyncio.Task[None] | None = None
+        self.watching = False
+        """True once the monitor has started measuring."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._watch())
@@ -60,6 +62,7 @@ class LagMonitor:
         }
 
     async def _watch(self) -> None:
+        self.watching = True
         while True:
             asked = time.monotonic()
             await asyncio.sleep(PROBE_S)
