@@ -133,6 +133,14 @@ MISSING = "missing credentials: send Authorization: Bearer <token>"
 INVALID = "invalid credentials"
 
 
+def presented(request: Request) -> str:
+    """The request's bearer token; a request without one is refused (401)."""
+    token = bearer(request)
+    if token is None:
+        raise refuse(request, 401, MISSING)
+    return token
+
+
 class ControllerKeys:
     """The controller's view of every credential: admin and API-key hashes from its config,
     node credentials from its store, and the secret its agent tokens derive from."""
@@ -195,10 +203,7 @@ class ControllerKeys:
         return None
 
     def require(self, request: Request, kind: Kind) -> Caller:
-        token = bearer(request)
-        if token is None:
-            raise refuse(request, 401, MISSING)
-        caller = self.identify(token)
+        caller = self.identify(presented(request))
         if caller is None:
             raise refuse(request, 401, INVALID)
         if caller.kind != kind:
@@ -216,10 +221,7 @@ class AgentKeys:
         self._controller_sha256 = token_hash(controller_token)
 
     def require_controller(self, request: Request) -> None:
-        token = bearer(request)
-        if token is None:
-            raise refuse(request, 401, MISSING)
-        if not same(token_hash(token), self._controller_sha256):
+        if not same(token_hash(presented(request)), self._controller_sha256):
             raise refuse(request, 401, INVALID)
 
 

@@ -58,7 +58,6 @@ class Committer:
         self._store_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self.transactions = 0
-        self.steps = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._work())
@@ -119,7 +118,6 @@ class Committer:
                         log.exception("after a failed commit")
                     continue
                 self.transactions += 1
-            self.steps += len(batch)
             for q in batch:
                 self._carry_out(q.step, q.in_band)
                 if not q.done.done():

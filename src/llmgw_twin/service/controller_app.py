@@ -387,9 +387,11 @@ class ControllerRuntime:
         it lost after `node_lost_after` (its replicas are replaced as for any lost node)."""
         keys = self._need_keys()
         async with self._lock:
-            if keys.revoke(node) is None:
+            if keys.node(node) is None:
                 raise Refused(f"node {node} has no credential", 404)
+            # durable first, as an onboarding is: memory never says revoked what the store keeps
             await self.committer.run(self.store.delete_credential, node)
+            keys.revoke(node)
             self._agent_urls.pop(NodeId(node), None)
         log.warning("revoked node %s's credential", node)
         return {"node": node, "revoked": True}
