@@ -188,6 +188,7 @@ def test_a_whole_replica_becomes_ready_and_the_router_proxies_to_it(tmp_path: Pa
             }
             r = await client.post("/v1/chat/completions", json=chat)
             assert r.status_code == 503 and "no ready replica" in r.json()["detail"]
+            assert r.json()["error"]["code"] == "no_ready_replica" and r.headers["retry-after"]
 
             async def both() -> list[ShardSpec] | None:
                 specs = await assignments(agents)
@@ -245,10 +246,18 @@ def test_router_answers_unknown_models_and_bad_bodies_with_a_message(tmp_path: P
         async with controller(tmp_path) as (_, client):
             r = await client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
             assert r.status_code == 404 and "not deployed" in r.json()["detail"]
+            assert r.json()["error"]["code"] == "model_not_found"
             r = await client.post("/v1/completions", content=b"{not json")
-            assert r.status_code == 422 and "not JSON" in r.json()["detail"]
+            assert r.status_code == 400 and "not JSON" in r.json()["detail"]
+            assert r.json()["error"]["code"] == "invalid_json"
             r = await client.post("/v1/chat/completions", json={"messages": []})
-            assert r.status_code == 422 and "body.model" in r.json()["detail"]
+            assert r.status_code == 400 and "body.model" in r.json()["detail"]
+            error = r.json()["error"]
+            assert (error["type"], error["code"], error["param"]) == (
+                "invalid_request_error",
+                "model_required",
+                None,
+            )
             assert (await client.get("/v1/models")).json() == {"object": "list", "data": []}
 
     asyncio.run(go())

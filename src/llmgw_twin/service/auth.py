@@ -1,10 +1,12 @@
 """Who may call what: tokens, their hashes, node credentials, and the checks on each request.
 
-Role: the production shells' authentication (docs/security.md). Four kinds of caller:
+Role: the production shells' authentication (docs/security.md). Five kinds of caller:
 - the **admin** (operators, `llmgw-twin ctl`): a bearer token whose SHA-256 the controller's
   config lists under `auth.admin_tokens`;
 - an **API client** of the router: a key listed (hashed) under `auth.api_keys`; with none
-  listed, the inference routes are open;
+  listed, the inference routes are open (`ApiKeys` is the router service's own check);
+- a **router** process following the controller's routing feed: a token listed (hashed) under
+  `auth.router_tokens`;
 - a **node**: the token issued for it at onboarding (`POST /v1/admin/nodes/{node}/credential`),
   kept by the controller only as its hash, bound to the node's name and its agent's address;
 - the **controller**, calling an agent: a token derived for that node's credential
@@ -48,7 +50,7 @@ TOKEN_PREFIX = "lgw_"  # noqa: S105  (a prefix, not a secret)
 HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_TOKEN_LENGTH = 256
 
-Kind = Literal["admin", "api", "node", "controller"]
+Kind = Literal["admin", "api", "node", "controller", "router"]
 
 
 def new_token() -> str:
@@ -152,9 +154,11 @@ class ControllerKeys:
         api_key_hashes: Iterable[str],
         secret: bytes,
         nodes: Iterable[NodeCredential] = (),
+        router_hashes: Iterable[str] = (),
     ) -> None:
         self.admin_hashes = tuple(admin_hashes)
         self.api_key_hashes = tuple(api_key_hashes)
+        self.router_hashes = tuple(router_hashes)
         self._secret = secret
         self._nodes: dict[str, NodeCredential] = {}
         self._by_hash: dict[str, NodeCredential] = {}
@@ -198,17 +202,32 @@ class ControllerKeys:
         cred = self._by_hash.get(h)
         if cred is not None and same(h, cred.token_sha256):
             return Caller("node", cred.node)
+        if any_matches(h, self.router_hashes):
+            return Caller("router")
         if any_matches(h, self.api_key_hashes):
             return Caller("api")
         return None
 
-    def require(self, request: Request, kind: Kind) -> Caller:
+    def require(self, request: Request, kind: Kind, *others: Kind) -> Caller:
+        """The caller, if its credential is of `kind` (or one of `others`)."""
         caller = self.identify(presented(request))
         if caller is None:
             raise refuse(request, 401, INVALID)
-        if caller.kind != kind:
+        if caller.kind != kind and caller.kind not in others:
             raise refuse(request, 403, f"a {caller.kind} credential may not call this endpoint")
         return caller
+
+
+class ApiKeys:
+    """The router service's clients: an API key whose hash its config lists; with none listed,
+    anyone who reaches it."""
+
+    def __init__(self, hashes: Iterable[str]) -> None:
+        self.hashes = tuple(hashes)
+
+    def require(self, request: Request) -> None:
+        if self.hashes and not any_matches(token_hash(presented(request)), self.hashes):
+            raise refuse(request, 401, INVALID)
 
 
 class AgentKeys:

@@ -61,6 +61,7 @@ class ListenC(StrictModel):
 class AuthC(StrictModel):
     admin_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
     api_keys: list[Annotated[str, Strict()]] = Field(default=[], max_length=4096)
+    router_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
     secret_file: Text | None = None
 
 
@@ -79,6 +80,8 @@ class ControllerAuth:
     """Empty: the router's routes are open to anyone who reaches them."""
     secret_file: Path
     """The key the agents' controller tokens derive from; created (mode 0600) if absent."""
+    router_hashes: tuple[str, ...] = ()
+    """Router processes that may follow the routing feed (`/v1/router/feed`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +135,12 @@ def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | N
     if a is None:
         return None
     hashes: dict[str, tuple[str, ...]] = {}
-    for key, values in (("admin_tokens", a.admin_tokens), ("api_keys", a.api_keys)):
+    keys = (
+        ("admin_tokens", a.admin_tokens),
+        ("api_keys", a.api_keys),
+        ("router_tokens", a.router_tokens),
+    )
+    for key, values in keys:
         for i, value in enumerate(values):
             try:
                 check_hash(value)
@@ -142,7 +150,9 @@ def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | N
     if not hashes["admin_tokens"]:
         raise ConfigError(f"{path}: auth.admin_tokens: at least one admin token hash is needed")
     secret = relative(path, a.secret_file) if a.secret_file else Path(store + ".key")
-    return ControllerAuth(hashes["admin_tokens"], hashes["api_keys"], secret)
+    return ControllerAuth(
+        hashes["admin_tokens"], hashes["api_keys"], secret, hashes["router_tokens"]
+    )
 
 
 def limits_settings(path: Path, c: LimitsC) -> ControllerLimits:

@@ -1,16 +1,18 @@
 """The controller service: the controller core behind FastAPI, its store, its loop, its router.
 
 Role: the production twin of `twin/control_shell.py`. `ControllerRuntime` owns the core
-`Controller`, the SQLite `Store`, the router and two HTTP clients; it moves messages only:
-agents' registrations and heartbeats and the operator's profiles and deployments go into the
-core, and the core's commands go out to the agents. Its HTTP face is
+`Controller`, the SQLite `Store`, the router (with its forwarding, `forwarding.py`), the
+routing feed that router processes follow (`feed.py`) and two HTTP clients; it moves messages
+only: agents' registrations and heartbeats and the operator's profiles and deployments go into
+the core, and the core's commands go out to the agents. Its HTTP face is
 `controller_http.create_controller_app`.
 
 Invariants:
 - Every call into the core holds one asyncio lock, and carrying out its `Step` never awaits:
   each step's writes are committed to the store (one transaction) before any of its commands is
-  sent, its events reach the router and the event log in order, and its `wake_at_ms` arms the
-  reconcile loop. Time is integer ms on a monotonic clock, counted from the runtime's creation.
+  sent, its events reach the router, the event log and the routing feed in order, and its
+  `wake_at_ms` arms the reconcile loop. Time is integer ms on a monotonic clock, counted from
+  the runtime's creation.
 - Commands go out through `delivery.Delivery`: to one node in the order they were decided, an
   assignment a newer one superseded not sent, a failed send logged and dropped (the core is
   level-triggered and assigns again once the agent's report disagrees).
@@ -53,7 +55,7 @@ from llmgw_twin.core.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.core.routing import Router
+from llmgw_twin.core.routing import Router, snapshot_of
 from llmgw_twin.service.auth import (
     Caller,
     ControllerKeys,
@@ -67,9 +69,10 @@ from llmgw_twin.service.auth import (
 from llmgw_twin.service.committer import Committer
 from llmgw_twin.service.config import ControllerSettings
 from llmgw_twin.service.delivery import Delivery
+from llmgw_twin.service.feed import RoutingFeed
+from llmgw_twin.service.forwarding import Forwarder
 from llmgw_twin.service.lag import LagMonitor
-from llmgw_twin.service.limits import Outstanding
-from llmgw_twin.service.views import fleet_state, forward, model_list
+from llmgw_twin.service.views import fleet_state, model_list
 from llmgw_twin.service.wire import (
     DeploymentW,
     HeartbeatW,
@@ -83,7 +86,6 @@ from llmgw_twin.store import Store
 
 log = logging.getLogger("llmgw_twin.controller")
 
-PROXY_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
 EVENTS_KEPT = 100_000
 """The event log keeps at least this many recent events (at most twice as many, trimmed in
 one go); `/v1/admin/events` says how many asked for were dropped."""
@@ -119,13 +121,12 @@ class ControllerRuntime:
         # the core's clock: wall-clock ms at start, then monotonic, so times the store keeps
         # (silence, quarantines) mean the same to the next controller process
         self._epoch0_ms = time.time_ns() // 1_000_000
-        self._engine_transport = engine_transport
         if settings.store != ":memory:":
             pathlib.Path(settings.store).parent.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.store)
-        self.router = Router()
-        self.outstanding = Outstanding(limit=settings.limits.outstanding_per_replica)
-        """The router's requests in flight per replica, each at most `outstanding.limit`."""
+        self.router = Router(outstanding_limit=settings.limits.outstanding_per_replica)
+        self.forwarder = Forwarder(self.router, transport=engine_transport)
+        self.feed = RoutingFeed()
         self.keys: ControllerKeys | None = None
         """None: no credentials are asked (`auth` not configured, loopback only)."""
         if settings.auth is not None:
@@ -134,6 +135,7 @@ class ControllerRuntime:
                 api_key_hashes=settings.auth.api_key_hashes,
                 secret=load_secret(settings.auth.secret_file),
                 nodes=(NodeCredential(*row) for row in self.store.credentials()),
+                router_hashes=settings.auth.router_hashes,
             )
             # the controller calls a node at the address its credential is bound to, only
             self._agent_urls: dict[NodeId, str] = {
@@ -154,7 +156,6 @@ class ControllerRuntime:
         self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.lag = LagMonitor(self._lagged)
-        self._engines: httpx.AsyncClient | None = None
 
     def now_ms(self) -> int:
         return self._epoch0_ms + (time.monotonic_ns() - self._t0_ns) // 1_000_000
@@ -170,9 +171,7 @@ class ControllerRuntime:
     async def start(self) -> None:
         s = self.settings
         self.delivery.open()
-        self._engines = httpx.AsyncClient(
-            transport=self._engine_transport, timeout=PROXY_TIMEOUT, trust_env=False
-        )
+        self.forwarder.open()
         restored = self.store.load()
         self.committer.start()
         async with self._lock:
@@ -209,8 +208,7 @@ class ControllerRuntime:
             self._loop_task = None
         await self.committer.close()
         await self.delivery.close()
-        if self._engines is not None:
-            await self._engines.aclose()
+        await self.forwarder.aclose()
         self._core = None
         self.store.close()
 
@@ -271,6 +269,7 @@ class ControllerRuntime:
             del self._events[:drop]
             self._events_dropped += drop
         self.router.follow(ev)
+        self.feed.record(ev)
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -337,6 +336,7 @@ class ControllerRuntime:
 
     async def put_deployment(self, model: str, body: DeploymentW) -> dict[str, Any]:
         await self._handle(ApplyDeployment(body.to_core(model)))
+        self.feed.touch()  # the routers' model lists change with no routing event
         return {"model": model, **body.model_dump(mode="json")}
 
     async def clear_failed_gpu(self, node: str, gpu: int) -> dict[str, Any]:
@@ -430,9 +430,17 @@ class ControllerRuntime:
             "origin_monotonic_ns": self._t0_ns - self._epoch0_ms * 1_000_000,
         }
 
+    def deployed(self) -> list[str]:
+        return [d.model for d in self.core.deployments()]
+
     def models(self) -> dict[str, Any]:
-        return model_list(self.core, self.router)
+        return model_list(self.deployed(), self.router)
 
     async def proxy(self, request: Request, path: str) -> Response:
-        assert self._engines is not None
-        return await forward(self._engines, self.core, self.router, self.outstanding, request, path)
+        return await self.forwarder.forward(request, path, self.deployed)
+
+    async def router_feed(self, after: int, epoch: str | None, wait_ms: int) -> dict[str, Any]:
+        """A page of the routing feed (`feed.py`) for a router process."""
+        return await self.feed.read(
+            after, epoch, wait_ms, lambda: snapshot_of(self.core.replicas()), self.deployed
+        )

@@ -1,7 +1,8 @@
 """The controller's HTTP face: its routes, and who may call each (docs/security.md).
 
 Role: `create_controller_app(runtime)` puts a `ControllerRuntime` behind FastAPI. Each route
-declares the credential it needs as a dependency (`_as_admin`, `_as_node`, `_as_client`), so the
+declares the credential it needs as a dependency (`_as_admin`, `_as_node`, `_as_client`,
+`_as_router`), so the
 OpenAPI schema shows it and no handler runs for a caller it would refuse; the handlers only
 call the runtime. Bodies over the configured limits are refused (413) before any route sees
 them, and every error is JSON (`wire.install_error_handlers`).
@@ -12,13 +13,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from llmgw_twin.service.auth import Caller, ControllerKeys, CredentialRequestW, CredentialW
 from llmgw_twin.service.controller_app import EVENTS_PAGE, ControllerRuntime
-from llmgw_twin.service.limits import BodyLimit
+from llmgw_twin.service.feed import FeedPageW
+from llmgw_twin.service.limits import MAX_INT, BodyLimit
 from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.serving import lifespan_of
 from llmgw_twin.service.wire import (
@@ -36,7 +38,9 @@ PathName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]
 
 # --- who may call: each route's dependency (the runtime is the app's `state.runtime`) ----------
 
-_scheme = HTTPBearer(auto_error=False, description="an admin token, a node token or an API key")
+_scheme = HTTPBearer(
+    auto_error=False, description="an admin token, a node token, a router token or an API key"
+)
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_scheme)]
 
 
@@ -62,7 +66,14 @@ async def _as_client(request: Request, _token: Bearer) -> None:
         keys.require(request, "api")
 
 
+async def _as_router(request: Request, _token: Bearer) -> None:
+    keys = _keys(request)
+    if keys is not None:
+        keys.require(request, "router", "admin")
+
+
 AsNode = Annotated[Caller | None, Depends(_as_node)]
+Epoch = Annotated[str | None, Query(pattern="^[0-9a-f]{1,64}$")]
 
 
 def _shed_when_behind(runtime: ControllerRuntime) -> None:
@@ -139,6 +150,20 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=EVENTS_PAGE)] = EVENTS_PAGE,
     ) -> dict[str, Any]:
         return runtime.events(after, limit)
+
+    # never shed, as heartbeats are not: a router's table is how requests find replicas
+    @app.get(
+        "/v1/router/feed",
+        dependencies=[Depends(_as_router)],
+        response_model=None,
+        responses={200: {"model": FeedPageW, "description": "A page of the routing feed."}},
+    )
+    async def router_feed(
+        after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+        epoch: Epoch = None,
+        wait_ms: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+    ) -> JSONResponse:
+        return JSONResponse(await runtime.router_feed(after, epoch, wait_ms))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """Bounds on what a caller can make the services hold: request bodies, and requests in flight.
 
 Role: every size bound of the services, in one place. `BodyLimit` is the ASGI middleware of
-the controller's and the agent's apps: a request whose body is over its limit is answered 413
-before any handler sees it. `Outstanding` counts the router's requests in flight per replica;
-`views.forward` takes a slot before it sends a request to a replica and gives it back once the
-answer is streamed (or has failed). The `MAX_*` bounds are the wire models' (`wire.py`).
-Defaults are module constants; `BodyLimit` and `Outstanding` take others as arguments.
+the controller's, the router's and the agent's apps: a request whose body is over its limit is
+answered 413 before any handler sees it. The requests in flight per replica are counted by the
+routing core (`core.routing.Router`'s `outstanding_limit`, default `MAX_OUTSTANDING_PER_REPLICA`),
+which skips a replica at its limit. The `MAX_*` bounds are the wire models' (`wire.py`).
+Defaults are module constants; `BodyLimit` takes others as arguments.
 
 Invariants:
 - A body is refused once it is known to be over the limit: at once when its declared
@@ -15,15 +15,12 @@ Invariants:
   the body is not read, so the connection cannot carry another request).
 - Inference routes (`INFERENCE_PATHS`) have a limit of their own: prompts are large, control
   messages are not.
-- A replica never has more than its limit of requests in flight from this router; a slot is
-  given back exactly once, however the request ends (answered, failed, the client gone).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, field
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,10 +38,8 @@ INFERENCE_BODY_LIMIT = 16 * MiB
 """An OpenAI request to the router (long prompts, base64 images)."""
 INFERENCE_PATHS: frozenset[str] = frozenset({"/v1/chat/completions", "/v1/completions"})
 MAX_OUTSTANDING_PER_REPLICA = 64
-"""Requests the router has in flight to one replica; one more goes to another ready replica,
+"""Requests a router has in flight to one replica; one more goes to another ready replica,
 or is answered 503 when every one is at its limit."""
-RETRY_AFTER_S = 1
-"""What a 503 for replicas at their limit says to wait (`Retry-After`)."""
 
 
 # --- the wire models' bounds (`wire.py`) --------------------------------------------------
@@ -159,48 +154,3 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, why: s
         headers={"connection": "close"},
     )
     await reply(scope, receive, send)
-
-
-@dataclass(slots=True)
-class Slot:
-    """One request in flight to `replica`; `release` gives it back (once, however often it is
-    called)."""
-
-    owner: Outstanding
-    replica: str
-    released: bool = False
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self.owner._release(self.replica)
-
-
-@dataclass(slots=True)
-class Outstanding:
-    """The router's requests in flight, per replica, each replica at most `limit`."""
-
-    limit: int = MAX_OUTSTANDING_PER_REPLICA
-    _counts: dict[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.limit < 1:
-            raise ValueError("a replica takes at least 1 request in flight")
-
-    def count(self, replica: str) -> int:
-        return self._counts.get(replica, 0)
-
-    def acquire(self, replica: str) -> Slot | None:
-        """A slot on `replica`, or None when it is at its limit."""
-        n = self._counts.get(replica, 0)
-        if n >= self.limit:
-            return None
-        self._counts[replica] = n + 1
-        return Slot(self, replica)
-
-    def _release(self, replica: str) -> None:
-        n = self._counts[replica] - 1
-        if n:
-            self._counts[replica] = n
-        else:
-            del self._counts[replica]  # a reaped replica leaves nothing behind

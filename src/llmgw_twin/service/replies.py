@@ -5,7 +5,8 @@ Role: the routes of the controller and of the agent name these in `responses=`: 
 every route (the app's default), `NOT_FOUND`, `CONFLICT` and `PROXIED` where a route gives
 them; the inference routes take `OPENAI_REQUEST` as `openapi_extra` (they read the raw body,
 to pass it on unchanged). Every error reply is a JSON `ErrorW` (`wire.install_error_handlers`);
-the router's 503 for replicas at their limit is also in the shape OpenAI clients read
+the errors of the forwarding itself (`forwarding.py`: a body it cannot read, an unknown model,
+no replica to pick, a replica that failed) are also in the shape OpenAI clients read
 (`OpenAIErrorW`). A schema fuzz (tests/test_api_schema.py) holds the services to all of it.
 """
 
@@ -65,19 +66,23 @@ NOT_FOUND: Responses = {404: _error("Nothing of that name to act on.")}
 CONFLICT: Responses = {409: _error("Not for this service: another node, or no credentials.")}
 PROXIED: Responses = {
     200: {
-        "description": "The replica's answer, streamed back as it comes.",
+        "description": "The replica's answer (a stream relayed as it comes), header "
+        "`x-llmgw-replica`.",
         "content": {"application/json": {}, "text/event-stream": {}},
     },
-    404: _error("The model is not deployed."),
-    502: _error("The replica failed."),
+    400: _error("The body is not JSON, or names no model.", OpenAIErrorW),
+    404: _error("The model is not deployed.", OpenAIErrorW),
+    502: _error("The replica failed, and so did the one tried after it, if any.", OpenAIErrorW),
     503: _error(
-        "No replica of the model is ready, or every ready one is at its limit of requests in "
-        "flight (then with `Retry-After` and an OpenAI-style `error`).",
-        OpenAIErrorW | ErrorW,
+        "No replica of the model is ready, every ready one is ejected or at its limit of "
+        "requests in flight, or the router has not heard from the controller yet; with "
+        "`Retry-After`.",
+        OpenAIErrorW,
     ),
+    504: _error("The replica did not answer in time.", OpenAIErrorW),
     "default": {"description": "Any other status is the replica's own, passed through."},
 }
-"""The router's inference routes."""
+"""The inference routes, of the controller and of the router service."""
 OPENAI_REQUEST: dict[str, Any] = {
     "requestBody": {
         "required": True,
