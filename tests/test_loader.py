@@ -441,11 +441,11 @@ CASES = {
     ),
     "event and at": (
         ("  - event: node.lost\n", "  - event: node.lost\n    at: end\n"),
-        (38, 5, "expect[0] has both 'event' and 'at'"),
+        (38, 5, "expect[0] has more than one of 'event', 'at' and 'requests'"),
     ),
     "neither event nor at": (
         ("  - event: node.lost\n    node: node02\n", "  - node: node02\n"),
-        (37, 5, "expect[0] needs 'event: KIND' (events in a window) or 'at: TIME'"),
+        (37, 5, "expect[0] needs 'event: KIND' (events in a window), 'at: TIME'"),
     ),
     "state asserts nothing": (
         ("    ready_replicas: {llama-70b: 2}\n    idle_nodes: [node01]", ""),

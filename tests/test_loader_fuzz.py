@@ -35,6 +35,7 @@ from llmgw_twin.twin.scenario import (
     EventExpectation,
     FabricDown,
     Partition,
+    RequestsExpectation,
     RestartController,
     Scenario,
     SetReplicas,
@@ -166,8 +167,17 @@ def assert_within_bounds(s: Scenario) -> None:
         if isinstance(e, EventExpectation):
             assert 0 <= e.start_ms <= e.end_ms <= s.duration_ms
             assert e.count is None or 0 <= e.count <= lim.MAX_COUNT
+        elif isinstance(e, RequestsExpectation):
+            assert 0 <= e.start_ms <= e.end_ms <= s.duration_ms
+            assert e.model in {t.model for t in s.traffic}
+            assert 0 <= e.failed_max <= lim.MAX_REQUESTS
         else:
             assert 0 <= e.at_ms <= s.duration_ms
+    assert len({t.model for t in s.traffic}) == len(s.traffic)
+    assert sum(t.requests_until(s.duration_ms) for t in s.traffic) <= lim.MAX_REQUESTS
+    for t in s.traffic:
+        assert t.count >= 1 and t.every_ms >= 1 and 1 <= t.tokens <= lim.MAX_TOKENS
+        assert t.count * 1_000 <= t.every_ms * lim.MAX_RATE_PER_S
     assert lim.run_steps(s) <= lim.MAX_STEPS
     assert lim.event_steps(s) <= lim.MAX_EVENT_STEPS
 

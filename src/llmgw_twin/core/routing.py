@@ -66,6 +66,20 @@ class Ejection:
         return min(self.base_ms << min(level, 30), self.max_ms)
 
 
+@dataclass(frozen=True, slots=True)
+class RouterTimeouts:
+    """How long a router waits on a replica: to connect, for the first byte of its answer, and
+    between two chunks of a streamed answer. The service's defaults, and the twin's."""
+
+    connect_ms: int = 2_000
+    first_byte_ms: int = 120_000
+    between_chunks_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if min(self.connect_ms, self.first_byte_ms, self.between_chunks_ms) < 1:
+            raise ValueError("router timeouts must be at least 1 ms")
+
+
 class SnapshotState(StrEnum):
     READY = "ready"  # routable now, at `endpoint`
     ADOPTING = "adopting"  # restored by a new controller, not yet judged

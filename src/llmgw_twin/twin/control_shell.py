@@ -33,6 +33,7 @@ from llmgw_twin.core.routing import Router
 from llmgw_twin.store import Store
 from llmgw_twin.twin.checks import Invariants
 from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.twin.traffic import TrafficRouter
 from llmgw_twin.twin.world import World
 
 
@@ -49,6 +50,12 @@ class ControllerShell:
         self.up = True
         self.generation = 0  # bumped at every crash: a dead process's timers do nothing
         self._waiting_ops: list[ControllerEvent] = []
+        self.traffic: TrafficRouter | None = None
+        """The clients' router, its own process: it outlives a controller crash."""
+        if scenario.traffic:
+            self.traffic = TrafficRouter(
+                scenario, world, self.checks, lambda: self.core, lambda: self.up
+            )
         for profile in scenario.profiles:
             self._apply(self.core.handle(ApplyProfile(profile), 0), heard=None)
         for dep in scenario.deployments:
@@ -98,6 +105,8 @@ class ControllerShell:
         self.world.heartbeats.land_all()  # heartbeats to a dead controller are lost, not quiet
         self.up = False
         self.generation += 1
+        if self.traffic is not None:
+            self.traffic.controller_died(self.core)
 
     def restart(self) -> None:
         """A new controller process starts from the store."""
@@ -107,6 +116,8 @@ class ControllerShell:
         self.router = Router()
         self.core = Controller(self.timings, restored=self.store.load())
         self._apply(self.core.start(self.world.now), heard=None)
+        if self.traffic is not None:  # the router reconnects and finds a new controller
+            self.traffic.controller_started(self.core)
         waiting, self._waiting_ops = self._waiting_ops, []
         for msg in waiting:
             self.operator(msg)
@@ -116,9 +127,10 @@ class ControllerShell:
             return
         self._apply(self.core.tick(self.world.now), heard=None)
         for model in self.models:  # one probe request per model per reconcile
-            route = self.router.pick(model)
+            route = self.router.pick(model, self.world.now)
             if route is not None:
                 self.checks.routed(self.core, self.world.now, route.replica)
+                self.router.finished(route.replica, True, self.world.now)
 
     def _apply(self, step: Step, heard: NodeId | None) -> None:
         now = self.world.now
@@ -136,6 +148,8 @@ class ControllerShell:
     def _publish(self, event: TraceEvent) -> None:
         self.trace.append(event)
         self.router.follow(event)
+        if self.traffic is not None:
+            self.traffic.router.follow(event)
 
     def _send(self, cmd: ControllerCommand) -> None:
         self.world.heartbeats.land(cmd.node)  # told something: the node will not stay quiet

@@ -1,9 +1,11 @@
-"""Expectations: event windows judged over the finished trace, state assertions judged live.
+"""Expectations: event windows judged over the finished trace, state assertions judged live,
+request counts judged over every request of the run.
 
 An event expectation passes when the number of matching events inside its window is right (at
 least one; none for `never`; exactly `count`). A state expectation is judged at its instant,
-after every other event of that instant, on the controller's own view. Each result carries a
-message a person can act on: what matched and when, or what came nearest.
+after every other event of that instant, on the controller's own view. A requests expectation
+passes when at most `failed_max` of the model's requests that arrived in its window failed.
+Each result carries a message a person can act on: what matched and when, or what came nearest.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.model import FabricId, ModelName, NodeState, TraceEvent
-from llmgw_twin.twin.scenario import EventExpectation, StateExpectation
+from llmgw_twin.twin.scenario import EventExpectation, RequestsExpectation, StateExpectation
 from llmgw_twin.units import fmt_ms
 
 
@@ -105,3 +107,19 @@ def judge_state(exp: StateExpectation, ctl: Controller) -> Outcome:
 
 def count_in_fabric(ctl: Controller, fabric: FabricId) -> int:
     return sum(1 for r in ctl.replicas() if r.state.live and r.fabric == fabric)
+
+
+def judge_requests(exp: RequestsExpectation, arrivals: list[int], failed_at: list[int]) -> Outcome:
+    """`arrivals` and `failed_at`: the arrival times of the model's requests, and of its failed
+    ones (real mode's harness and the twin both count them so)."""
+    window = f"[{fmt_ms(exp.start_ms)}, {fmt_ms(exp.end_ms)}]"
+    sent = sum(1 for t in arrivals if exp.start_ms <= t <= exp.end_ms)
+    failed = [t for t in failed_at if exp.start_ms <= t <= exp.end_ms]
+    passed = len(failed) <= exp.failed_max
+    message = (
+        f"{len(failed)} of {sent} requests arriving in {window} failed (at most {exp.failed_max})"
+    )
+    if failed:
+        shown = ", ".join(fmt_ms(t) for t in failed[:5]) + (" ..." if len(failed) > 5 else "")
+        message += f"; they arrived at {shown}"
+    return Outcome(exp.text, exp.line, passed, message)

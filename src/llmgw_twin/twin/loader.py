@@ -42,6 +42,7 @@ from llmgw_twin.twin.loader_limits import (
     event_steps,
     steps,
 )
+from llmgw_twin.twin.loader_traffic import load_traffic
 from llmgw_twin.twin.scenario import INVARIANTS, Fault, Scenario
 from llmgw_twin.units import (
     SettingKey,
@@ -64,6 +65,7 @@ TOP_KEYS = (
     "profiles",
     "deployments",
     "faults",
+    "traffic",
     "expect",
     "invariants",
 )
@@ -182,6 +184,9 @@ def _scenario(text: str, path: str) -> Scenario:
     faults: tuple[Fault, ...] = ()
     if faults_node is not None:
         faults, known = load_faults(faults_node, known)
+    traffic_node = top.get("traffic")
+    traffic = () if traffic_node is None else load_traffic(traffic_node, known)
+    known = replace(known, traffic=dict.fromkeys(t.model for t in traffic))
     expect_node = top.get("expect")
     expectations = () if expect_node is None else load_expectations(expect_node, known)
     invariants_node = top.get("invariants")
@@ -199,6 +204,7 @@ def _scenario(text: str, path: str) -> Scenario:
         deployments=deployments,
         faults=faults,
         expectations=expectations,
+        traffic=traffic,
         invariants_off=invariants_off,
     )
     if (events := event_steps(scenario)) > MAX_EVENT_STEPS:

@@ -1,12 +1,14 @@
-"""The scenario loader's `expect:` section: event windows and state assertions.
+"""The scenario loader's `expect:` section: event windows, state assertions, request counts.
 
-Role: turn each item of `expect:` into an `EventExpectation` (an `event:` item) or a
-`StateExpectation` (an `at:` item), with times resolved against the run and the faults, and
-a one-line `text` rendering that uses the time expressions as written.
+Role: turn each item of `expect:` into an `EventExpectation` (an `event:` item), a
+`StateExpectation` (an `at:` item) or a `RequestsExpectation` (a `requests:` item), with times
+resolved against the run and the faults, and a one-line `text` rendering that uses the time
+expressions as written.
 
 Invariants:
-- An item is exactly one of the two kinds; an event window is two times with from <= to, both
-  inside the run; `never` and `count` exclude each other; a state item asserts something.
+- An item is exactly one of the three kinds; a `requests` item names a model with traffic; a
+  window is two times with from <= to, both inside the run; `never` and `count` exclude each
+  other; a state item asserts something.
 - Filters and assertions name only nodes, fabrics, deployed models and fault ids that exist.
 - Filters are stored sorted by subject (a canonical form); assertions and `text` keep file order.
 """
@@ -25,6 +27,7 @@ from llmgw_twin.twin.loader_limits import (
     MAX_COUNT,
     MAX_EXPECTATIONS,
     MAX_REPLICAS,
+    MAX_REQUESTS,
     MAX_SHARDS_PER_REPLICA,
 )
 from llmgw_twin.twin.scenario import (
@@ -32,6 +35,7 @@ from llmgw_twin.twin.scenario import (
     EVENT_SUBJECTS,
     EventExpectation,
     Expectation,
+    RequestsExpectation,
     StateExpectation,
 )
 from llmgw_twin.units import fmt_ms
@@ -51,38 +55,30 @@ def load_expectations(node: Node, known: Known) -> tuple[Expectation, ...]:
     for i, item in enumerate(yn.items(node, "expect", MAX_EXPECTATIONS)):
         where = f"expect[{i}]"
         view = yn.MapView(item, where)
-        if view.has("event") and view.has("at"):
-            later = max(view.entry("event").key_node, view.entry("at").key_node, key=yn.line_col)
+        kinds = [view.entry(k).key_node for k in ("event", "at", "requests") if view.has(k)]
+        if len(kinds) > 1:
             raise yn.Invalid.at(
-                later,
-                f"{where} has both 'event' and 'at' (an item checks either events in a window "
-                "or the state at a time)",
+                max(kinds, key=yn.line_col),
+                f"{where} has more than one of 'event', 'at' and 'requests' (an item checks "
+                "events in a window, the state at a time, or the requests that failed)",
             )
         if view.has("event"):
             out.append(_event(view, where, known))
         elif view.has("at"):
             out.append(_state(view, where, known))
+        elif view.has("requests"):
+            out.append(_requests(view, where, known))
         else:
             raise yn.Invalid.at(
                 item,
-                f"{where} needs 'event: KIND' (events in a window) or 'at: TIME' "
-                "(the state at a time)",
+                f"{where} needs 'event: KIND' (events in a window), 'at: TIME' "
+                "(the state at a time) or 'requests: {model, failed_max}'",
             )
     return tuple(out)
 
 
-def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
-    for entry in view.entries:
-        if entry.key in LIST_SUBJECTS:
-            raise yn.Invalid.at(
-                entry.key_node,
-                f"{where}: '{entry.key}' cannot be a filter, its value is a list "
-                f"(filters: {', '.join(FILTERS)})",
-            )
-    view.check_keys(
-        (*EVENT_KEYS, *FILTERS), f"event, within, never, count or a filter: {', '.join(FILTERS)}"
-    )
-    kind = yn.choice(view.require("event"), f"{where}.event", EVENT_KINDS, "event kind")
+def _window(view: yn.MapView, where: str, known: Known) -> tuple[int, int, str, str]:
+    """`within: [FROM, TO]` resolved: start, end, and the two times as written."""
     within = view.require("within")
     bounds = yn.items(within, f"{where}.within")
     if len(bounds) != 2:
@@ -97,6 +93,51 @@ def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
             f"{where}.within: the window ends before it starts ('{first.text}' is "
             f"{fmt_ms(start_ms)}, '{last.text}' is {fmt_ms(end_ms)})",
         )
+    return start_ms, end_ms, first.text, last.text
+
+
+def _requests(view: yn.MapView, where: str, known: Known) -> RequestsExpectation:
+    view.check_keys(("requests", "within"))
+    body = yn.MapView(view.require("requests"), f"{where}.requests")
+    body.check_keys(("model", "failed_max"))
+    model_node = body.require("model")
+    model = known.model(model_node, f"{where}.requests.model")
+    if model not in known.traffic:
+        raise yn.Invalid.at(
+            model_node,
+            f"{where}.requests.model: no traffic is sent to '{model}' (add it under traffic:)",
+        )
+    failed_max = yn.integer(
+        body.require("failed_max"), f"{where}.requests.failed_max", minimum=0, maximum=MAX_REQUESTS
+    )
+    if view.has("within"):
+        start_ms, end_ms, first, last = _window(view, where, known)
+        window = f" within [{first}, {last}]"
+    else:
+        start_ms, end_ms, window = 0, known.duration_ms, ""
+    return RequestsExpectation(
+        model=model,
+        failed_max=failed_max,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        line=yn.line_of(view.node),
+        text=f"requests model={model} failed_max={failed_max}{window}",
+    )
+
+
+def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
+    for entry in view.entries:
+        if entry.key in LIST_SUBJECTS:
+            raise yn.Invalid.at(
+                entry.key_node,
+                f"{where}: '{entry.key}' cannot be a filter, its value is a list "
+                f"(filters: {', '.join(FILTERS)})",
+            )
+    view.check_keys(
+        (*EVENT_KEYS, *FILTERS), f"event, within, never, count or a filter: {', '.join(FILTERS)}"
+    )
+    kind = yn.choice(view.require("event"), f"{where}.event", EVENT_KINDS, "event kind")
+    start_ms, end_ms, first, last = _window(view, where, known)
     if view.has("never") and view.has("count"):
         later = max(view.entry("never").key_node, view.entry("count").key_node, key=yn.line_col)
         raise yn.Invalid.at(later, f"{where}: 'never' and 'count' cannot be used together")
@@ -114,7 +155,7 @@ def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
         [
             f"event {kind}",
             *(f"{k}={v}" for k, v in written),
-            f"within [{first.text}, {last.text}]",
+            f"within [{first}, {last}]",
             *(["never"] if never else []),
             *([f"count={count}"] if count is not None else []),
         ]

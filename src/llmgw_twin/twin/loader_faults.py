@@ -78,6 +78,8 @@ class Known:
     totals: ReplicaTotals = field(default_factory=ReplicaTotals)
     """Grows with each `set_replicas` above a deployment's count so far."""
     fault_at_ms: dict[str, int] = field(default_factory=dict)
+    traffic: dict[str, None] = field(default_factory=dict)
+    """The models `traffic:` sends requests to (known once that section is read)."""
 
     def node(self, node: Node, where: str) -> NodeId:
         value = _ref(node, where)

@@ -37,11 +37,14 @@ __all__ = [
     "MAX_NAME_LEN",
     "MAX_NODES",
     "MAX_PROFILES",
+    "MAX_RATE_PER_S",
     "MAX_REPLICAS",
+    "MAX_REQUESTS",
     "MAX_SHARDS",
     "MAX_SHARDS_PER_REPLICA",
     "MAX_STEPS",
     "MAX_STRING_LEN",
+    "MAX_TOKENS",
     "MAX_YAML_NODES",
     "event_steps",
     "run_steps",
@@ -81,6 +84,12 @@ MAX_SHARDS = 1_000_000
 MAX_FAULTS = 10_000
 MAX_EXPECTATIONS = 1_000
 """Items of `expect` (each event expectation is judged against the whole trace)."""
+MAX_REQUESTS = 1_000_000
+"""Requests all `traffic` items send over the run (each costs the twin a few events)."""
+MAX_RATE_PER_S = 10_000
+"""Requests per second of one `traffic` item."""
+MAX_TOKENS = 1_000_000
+"""A traffic item's `tokens` per request."""
 MAX_DURATION_MS = 30 * 24 * 3_600_000
 """Any duration: the run, timings, load times, timeouts, outages. Times lie inside the run."""
 MAX_COUNT = 1_000_000
@@ -167,6 +176,9 @@ LIMITS: dict[str, int] = {
     "shards": MAX_SHARDS,
     "faults": MAX_FAULTS,
     "expectations": MAX_EXPECTATIONS,
+    "requests": MAX_REQUESTS,
+    "request rate (per s)": MAX_RATE_PER_S,
+    "tokens per request": MAX_TOKENS,
     "duration (ms)": MAX_DURATION_MS,
     "counts": MAX_COUNT,
     "steps": MAX_STEPS,

@@ -44,7 +44,23 @@ def to_json(result: RunResult, wall_ms: int) -> dict[str, Any]:
         "engine_starts": result.engine_starts,
         "events": [ev.as_dict() for ev in result.trace],
         **judged_json(result.expectations, result.invariants),
+        **({} if result.requests is None else {"requests": result.requests}),
     }
+
+
+def requests_lines(requests: dict[str, dict[str, int]] | None) -> list[str]:
+    """The timeline's request counts, one line per model (the twin's and real mode's)."""
+    if not requests:
+        return []
+    lines = ["requests"]
+    for model, c in requests.items():
+        line = (
+            f"  {model}: {c['sent']} sent, {c['served']} served, {c['failed']} failed "
+            f"({c['failed_in_flight']} in flight on a replica that died, "
+            f"{c['failed_no_replica']} with no replica to take them), {c['retried']} retried"
+        )
+        lines.append(line + (f", {c['ejections']} ejections" if "ejections" in c else ""))
+    return lines
 
 
 def judged_json(
@@ -118,6 +134,7 @@ def timeline(result: RunResult, wall_ms: int) -> str:
         argv = ev.get("argv")
         if isinstance(argv, tuple) and argv:
             lines.append(f"  {'':>13}  {'':<20} $ {shlex.join(str(a) for a in argv)}")
+    lines.extend(requests_lines(result.requests))
     lines.extend(judged_lines(result.expectations, result.invariants))
     lines.append(verdict(result, wall_ms))
     return "\n".join(lines)

@@ -21,10 +21,15 @@ from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.core.protocol import ControllerEvent
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.twin.control_shell import ControllerShell
-from llmgw_twin.twin.expect import Outcome, judge_event, judge_state
+from llmgw_twin.twin.expect import Outcome, judge_event, judge_requests, judge_state
 from llmgw_twin.twin.faults import schedule_faults
 from llmgw_twin.twin.network import Network
-from llmgw_twin.twin.scenario import EventExpectation, Scenario, StateExpectation
+from llmgw_twin.twin.scenario import (
+    EventExpectation,
+    RequestsExpectation,
+    Scenario,
+    StateExpectation,
+)
 from llmgw_twin.twin.world import World
 
 
@@ -53,6 +58,9 @@ class RunResult:
     engine_starts_by_ms: tuple[int, ...] = ()
     """When each engine process was started (virtual ms): restarts are visible here even when
     the controller does not know of them."""
+    requests: dict[str, dict[str, int]] | None = None
+    """Per model with traffic: sent, served, failed, failed in flight (`twin/traffic.py`); None
+    without traffic."""
 
     @property
     def passed(self) -> bool:
@@ -146,6 +154,10 @@ def _run(
     for i, exp in enumerate(scenario.expectations):
         if isinstance(exp, EventExpectation):
             outcomes[i] = judge_event(exp, trace)
+        elif isinstance(exp, RequestsExpectation):
+            assert shell.traffic is not None  # the loader asks for traffic to the model
+            counts = shell.traffic.counts[exp.model]
+            outcomes[i] = judge_requests(exp, counts.arrivals, counts.failed_at)
     off = dict(scenario.invariants_off)
     invariants = tuple(
         InvariantResult(
@@ -166,4 +178,5 @@ def _run(
         virtual_ms=scenario.duration_ms,
         engine_starts=world.engine_starts,
         engine_starts_by_ms=tuple(world.engine_start_times),
+        requests=None if shell.traffic is None else shell.traffic.report(),
     )

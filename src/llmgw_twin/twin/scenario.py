@@ -185,7 +185,44 @@ class StateExpectation:
     text: str = ""
 
 
-Expectation = EventExpectation | StateExpectation
+@dataclass(frozen=True, slots=True)
+class RequestsExpectation:
+    """Of the requests to `model` that arrive inside [start_ms, end_ms], at most `failed_max`
+    failed."""
+
+    model: ModelName
+    failed_max: int
+    start_ms: int
+    end_ms: int
+    line: int = 0
+    text: str = ""
+
+
+Expectation = EventExpectation | StateExpectation | RequestsExpectation
+
+
+# --- traffic ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Clients send `model` requests of `tokens` tokens through the router for the whole run,
+    evenly spaced: `count` requests every `every_ms` (the rate, as an exact fraction)."""
+
+    model: ModelName
+    count: int
+    every_ms: int
+    tokens: int
+    line: int = 0
+
+    def arrival_ms(self, i: int) -> int:
+        """When request `i` (from 0) arrives."""
+        return i * self.every_ms // self.count
+
+    def requests_until(self, end_ms: int) -> int:
+        """How many requests arrive in [0, end_ms]."""
+        return ((end_ms + 1) * self.count + self.every_ms - 1) // self.every_ms
+
 
 INVARIANTS: tuple[str, ...] = (
     "single_fabric",
@@ -215,6 +252,7 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     """Sorted by `at_ms`, ties in file order."""
     expectations: tuple[Expectation, ...] = ()
+    traffic: tuple[Traffic, ...] = ()
     invariants_off: tuple[tuple[str, str], ...] = ()
     """Invariant name -> the reason it is off."""
 

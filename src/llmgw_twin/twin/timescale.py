@@ -2,7 +2,8 @@
 
 `scale_scenario(s, 0.1)` is the same story ten times faster: every duration among the timings
 (counts and shares stay), load times and start timeouts, fault instants and durations,
-expectation windows and instants, and the run's length, all multiplied (rounded to whole
+expectation windows and instants, the interval between requests, and the run's length, all
+multiplied (rounded to whole
 milliseconds, never below 1 ms where zero would mean something else). Real mode runs the
 scaled file on real processes, whose timings carry noise the twin does not have: `widen` pads
 every event window by a stated tolerance so that a verdict says what the twin predicted, give or
@@ -12,9 +13,11 @@ take that much.
 from __future__ import annotations
 
 from dataclasses import replace
+from fractions import Fraction
 from typing import assert_never
 
 from llmgw_twin.core.model import Timings
+from llmgw_twin.twin.loader_limits import MAX_RATE_PER_S
 from llmgw_twin.twin.scenario import (
     CrashNode,
     EventExpectation,
@@ -27,10 +30,13 @@ from llmgw_twin.twin.scenario import (
     KillEngine,
     KillNode,
     Partition,
+    RequestsExpectation,
     RestartController,
     RestartNode,
     Scenario,
     SetReplicas,
+    StateExpectation,
+    Traffic,
 )
 from llmgw_twin.units import setting_keys
 
@@ -64,9 +70,16 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
 
 
 def _expectation(exp: Expectation, factor: float) -> Expectation:
-    if isinstance(exp, EventExpectation):
+    if isinstance(exp, EventExpectation | RequestsExpectation):
         return replace(exp, start_ms=_ms(exp.start_ms, factor), end_ms=_ms(exp.end_ms, factor))
     return replace(exp, at_ms=_ms(exp.at_ms, factor))
+
+
+def _traffic(traffic: Traffic, factor: float) -> Traffic:
+    """The same requests over the scaled run: the interval between them scales."""
+    ratio = Fraction(traffic.every_ms) * Fraction(factor) / traffic.count
+    ratio = max(ratio.limit_denominator(1_000_000), Fraction(1, MAX_RATE_PER_S // 1_000))
+    return replace(traffic, count=ratio.denominator, every_ms=ratio.numerator)
 
 
 def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
@@ -101,19 +114,20 @@ def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
         profiles=profiles,
         faults=faults,
         expectations=tuple(_expectation(e, factor) for e in scenario.expectations),
+        traffic=tuple(_traffic(t, factor) for t in scenario.traffic),
     )
 
 
 def widen(scenario: Scenario, tolerance_ms: int) -> Scenario:
     """Pad every event window by `tolerance_ms` on both sides (clamped to the run); a `never`
-    window is narrowed instead, so that it still only forbids what surely falls inside it. A
-    state assertion is judged `tolerance_ms` later (clamped to the end), once real processes had
-    that long to get where the twin got at once."""
+    window, and a `requests` window (it bounds failures), is narrowed instead, so that it still
+    only forbids what surely falls inside it. A state assertion is judged `tolerance_ms` later
+    (clamped to the end), once real processes had that long to get where the twin got at once."""
 
     def one(exp: Expectation) -> Expectation:
-        if not isinstance(exp, EventExpectation):
+        if isinstance(exp, StateExpectation):
             return replace(exp, at_ms=min(scenario.duration_ms, exp.at_ms + tolerance_ms))
-        if exp.never:
+        if isinstance(exp, RequestsExpectation) or exp.never:
             start, end = exp.start_ms + tolerance_ms, exp.end_ms - tolerance_ms
             if start > end:
                 start = end = (exp.start_ms + exp.end_ms) // 2

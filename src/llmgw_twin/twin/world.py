@@ -107,6 +107,9 @@ class World:
         self.engine_starts = 0
         self.engine_start_times: list[int] = []
         self.heartbeats = Heartbeats(self, bulk)
+        self.on_engine_stopped: Callable[[SimEngine, bool], None] | None = None
+        """Told of every engine that stops, and whether its connections closed (its process
+        died on a running node, or its node crashed) rather than went silent (power off)."""
 
     @property
     def now(self) -> int:
@@ -242,15 +245,16 @@ class SimNode:
         phase = self.world.rng.randrange(1, interval + 1)
         self.world.heartbeats.start(self, phase)
 
-    def kill(self) -> None:
+    def kill(self, sockets_close: bool = False) -> None:
         """Power off: the agent and every engine on the node are gone at once. Peers elsewhere
-        notice nothing yet: their connections to this node just go silent."""
+        notice nothing yet: their connections to this node just go silent (unless
+        `sockets_close`: the node crashed and its kernel closed them)."""
         self.world.heartbeats.land(self.name)
         self.next_beat = None
         self.up = False
         self.generation += 1
         for engine in self.engines_sorted():
-            self._stop_engine(engine)
+            self._stop_engine(engine, sockets_close)
         self.engines.clear()
 
     def crash(self) -> None:
@@ -258,7 +262,7 @@ class SimNode:
         `kill`, and every engine elsewhere of a multi-node replica with a process here sees its
         peer's connection close and exits."""
         replicas = {e.spec.replica for e in self.engines.values() if e.spec.shard_count > 1}
-        self.kill()
+        self.kill(sockets_close=True)
         self.world.peers_lost(replicas, self.name)
 
     def fabric_link(self, up: bool) -> None:
@@ -313,9 +317,11 @@ class SimNode:
         else:
             self._try_join(engine)
 
-    def _stop_engine(self, engine: SimEngine) -> None:
+    def _stop_engine(self, engine: SimEngine, sockets_close: bool = True) -> None:
         engine.stopped = True
         self.world.free_gpus(engine)
+        if self.world.on_engine_stopped is not None:
+            self.world.on_engine_stopped(engine, sockets_close)
 
     def _notify(self, engine: SimEngine, event: AgentEvent) -> None:
         if not engine.stopped and not engine.hung:
