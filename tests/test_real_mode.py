@@ -77,6 +77,22 @@ def test_run_real_node_loss_passes_leaves_nothing_running_and_compares_with_the_
     assert report["seed"] == 1 and len(report["trace_sha256"]) == 64
 
 
+def test_node_loss_under_real_traffic_fails_no_request_once_both_replicas_serve(
+    own_tmp: Path,
+) -> None:
+    result = run_real(load_scenario(ROOT / "scenarios" / "node-loss-traffic.yaml"), time_scale=0.1)
+    failures = [o.message for o in result.expectations if not o.passed]
+    assert result.passed, failures
+    assert result.requests is not None
+    c = result.requests["llama-70b"]
+    assert c["sent"] == 6 * 60 * 5 + 1 and c["served"] + c["failed"] == c["sent"]
+    # none failed from the window's start (both replicas serving) to the end, node loss and all;
+    # the ones that failed found no replica at all, before the first replicas served
+    (window,) = [o for o in result.expectations if o.text.startswith("requests")]
+    assert window.message.startswith("0 of ")
+    assert c["failed"] == c["failed_no_replica"] and c["failed_in_flight"] == 0
+
+
 def test_a_partition_is_a_real_network_cut(own_tmp: Path) -> None:
     before = our_processes(own_tmp)
     result = run_real(load_scenario(ROOT / "scenarios" / "partition.yaml"), time_scale=0.1)

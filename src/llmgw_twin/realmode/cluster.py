@@ -91,6 +91,10 @@ class RealCluster:
         self._admin_token = new_token()
         self.admin_headers = {"authorization": f"Bearer {self._admin_token}"}
         """What the harness sends with every admin call to the controller."""
+        self.client_headers: dict[str, str] = {}
+        """What the run's clients send to the router (the cluster asks clients for no key)."""
+        self.router_url = self.controller_url
+        """Where clients send requests."""
         self._controller_tokens: dict[NodeId, str] = {}
         slot = os.getpid() % (ENGINE_PORTS_SLOTS - len(scenario.nodes))
         self._engine_ports_from = ENGINE_PORTS_FROM + slot * PORTS_PER_NODE

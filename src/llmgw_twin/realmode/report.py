@@ -14,7 +14,7 @@ from typing import Any
 from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.realmode.runner import RealResult
 from llmgw_twin.twin.expect import matches
-from llmgw_twin.twin.report import describe, judged_json, judged_lines
+from llmgw_twin.twin.report import describe, judged_json, judged_lines, requests_lines
 from llmgw_twin.twin.runner import RunResult, trace_sha256
 from llmgw_twin.twin.scenario import EventExpectation
 from llmgw_twin.units import fmt_ms
@@ -41,6 +41,7 @@ def timeline(result: RealResult) -> str:
     ]
     for ev in result.trace:
         lines.append(f"  {'+' + fmt_ms(ev.t_ms):>13}  {ev.kind:<20} {describe(ev)}")
+    lines.extend(requests_lines(result.requests))
     lines.extend(judged_lines(result.expectations, result.invariants))
     if result.left_running:
         lines.append(f"left running: process groups {result.left_running}")
@@ -75,6 +76,7 @@ def to_json(result: RealResult) -> dict[str, Any]:
         "wall_ms": result.wall_ms,
         "left_running": result.left_running,
         "answered": result.answered,
+        **({} if result.requests is None else {"requests": result.requests}),
         "events": [ev.as_dict() for ev in result.trace],
         **judged_json(result.expectations, result.invariants),
     }

@@ -30,8 +30,9 @@ import httpx
 from llmgw_twin.core.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.checks import RealInvariants, judge_state_real
 from llmgw_twin.realmode.cluster import RealCluster, free_port
+from llmgw_twin.realmode.traffic import RealTraffic
 from llmgw_twin.service.wire import TraceEventW
-from llmgw_twin.twin.expect import Outcome, judge_event
+from llmgw_twin.twin.expect import Outcome, judge_event, judge_requests
 from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.runner import InvariantResult
@@ -45,6 +46,7 @@ from llmgw_twin.twin.scenario import (
     KillEngine,
     KillNode,
     Partition,
+    RequestsExpectation,
     RestartController,
     RestartNode,
     Scenario,
@@ -81,6 +83,8 @@ class RealResult:
     left_running: list[int] = field(default_factory=list)
     answered: dict[str, int] = field(default_factory=dict)
     """Probe chat completions the router answered with 200, per model."""
+    requests: dict[str, dict[str, int]] | None = None
+    """The traffic's counts per model (`realmode/traffic.py`); None without traffic."""
 
     @property
     def passed(self) -> bool:
@@ -125,6 +129,9 @@ class RealRun:
         self._cuts: dict[NodeId, int] = {}
         self._pending: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self.traffic = RealTraffic(
+            scenario, lambda: self.cluster.router_url, self.cluster.client_headers, self.now_ms
+        )
 
     def now_ms(self) -> int:
         return int((time.monotonic() - self.t0) * 1000)
@@ -152,7 +159,10 @@ class RealRun:
             self.t0 = time.monotonic()
             await self._deploy(client)
             await asyncio.gather(
-                self._timeline(client), self._follow(client), self._judge_states(client)
+                self._timeline(client),
+                self._follow(client),
+                self._judge_states(client),
+                self.traffic.run(),
             )
             for handle in self._pending:
                 handle.cancel()
@@ -332,6 +342,9 @@ class RealRun:
         for i, exp in enumerate(self.scenario.expectations):
             if isinstance(exp, EventExpectation):
                 outcomes[i] = judge_event(exp, trace)
+            elif isinstance(exp, RequestsExpectation):
+                arrivals = self.traffic.arrivals(exp.model)
+                outcomes[i] = judge_requests(exp, arrivals, self.traffic.failed_at(exp.model))
         return RealResult(
             scenario=self.scenario,
             time_scale=time_scale,
@@ -342,6 +355,7 @@ class RealRun:
             wall_ms=self.now_ms(),
             left_running=left,
             answered=dict(self.checks.answered),
+            requests=self.traffic.report(trace) if self.scenario.traffic else None,
         )
 
 

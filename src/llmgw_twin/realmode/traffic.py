@@ -1,0 +1,137 @@
+"""Real mode's clients: a scenario's `traffic`, sent for real through the router.
+
+Each traffic item's requests go out at the same instants as in the twin (the scaled run's
+`Traffic.arrival_ms`), as OpenAI chat completions asking for `tokens` tokens, each with a client
+timeout. A request is served when the router answers 200 with a completion; anything else is a
+failure, counted as the twin counts them: `failed_no_replica` when the router had no replica to
+take it (503), `failed_in_flight` when the replica that answered for it (`x-llmgw-replica`) failed
+while the request was out, and `retried` when the router says it tried another replica.
+
+Bounded: a request per arrival of the run and no more, at most `MAX_IN_FLIGHT` at once (a request
+that would pass the bound is sent when one ends, and counts late), each within `TIMEOUT_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from llmgw_twin.core.model import ModelName, TraceEvent
+from llmgw_twin.twin.scenario import Scenario, Traffic
+
+MAX_IN_FLIGHT = 256
+TIMEOUT_S = 30.0
+IN_FLIGHT_SLACK_MS = 1_000
+"""A replica that failed this soon after a request's failure still counts as having died under
+it: the event log stamps the failure when the controller noticed it."""
+
+
+@dataclass(slots=True)
+class Sent:
+    arrived_ms: int
+    done_ms: int = 0
+    ok: bool = False
+    status: int = 0
+    replica: str | None = None
+    retried: bool = False
+
+
+@dataclass(slots=True)
+class ModelTraffic:
+    traffic: Traffic
+    sent: list[Sent] = field(default_factory=list)
+
+
+class RealTraffic:
+    def __init__(
+        self,
+        scenario: Scenario,
+        url: Callable[[], str],
+        headers: dict[str, str],
+        now_ms: Callable[[], int],
+    ) -> None:
+        """`url`: the router's base URL as of now (it may move, as the controller's does)."""
+        self.scenario = scenario
+        self._url = url
+        self._headers = headers
+        self._now_ms = now_ms
+        self.models = {t.model: ModelTraffic(t) for t in scenario.traffic}
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+    async def run(self) -> None:
+        """Send every request of the run; returns once each has ended."""
+        if not self.models:
+            return
+        limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
+        async with httpx.AsyncClient(
+            timeout=TIMEOUT_S, headers=self._headers, limits=limits
+        ) as client:
+            await asyncio.gather(*(self._send_all(client, m) for m in self.models.values()))
+
+    async def _send_all(self, client: httpx.AsyncClient, model: ModelTraffic) -> None:
+        traffic = model.traffic
+        tasks = []
+        for i in range(traffic.requests_until(self.scenario.duration_ms)):
+            at = traffic.arrival_ms(i)
+            delay = at - self._now_ms()
+            if delay > 0:
+                await asyncio.sleep(delay / 1000)  # the run's own clock: real time is the point
+            await self._slots.acquire()
+            sent = Sent(arrived_ms=self._now_ms())
+            model.sent.append(sent)
+            tasks.append(asyncio.create_task(self._one(client, traffic, sent)))
+        await asyncio.gather(*tasks)
+
+    async def _one(self, client: httpx.AsyncClient, traffic: Traffic, sent: Sent) -> None:
+        body = {
+            "model": traffic.model,
+            "messages": [{"role": "user", "content": f"request at {sent.arrived_ms}"}],
+            "max_tokens": traffic.tokens,
+        }
+        try:
+            r = await client.post(f"{self._url()}/v1/chat/completions", json=body)
+            sent.status = r.status_code
+            sent.replica = r.headers.get("x-llmgw-replica")
+            sent.retried = r.headers.get("x-llmgw-retried") == "1"
+            sent.ok = r.status_code == 200 and "choices" in r.json()
+        except (httpx.HTTPError, ValueError):
+            sent.ok = False
+        finally:
+            sent.done_ms = self._now_ms()
+            self._slots.release()
+
+    # --- counts --------------------------------------------------------------------------------
+
+    def arrivals(self, model: ModelName) -> list[int]:
+        return [s.arrived_ms for s in self.models[model].sent]
+
+    def failed_at(self, model: ModelName) -> list[int]:
+        return [s.arrived_ms for s in self.models[model].sent if not s.ok]
+
+    def report(self, trace: list[TraceEvent]) -> dict[str, dict[str, int]]:
+        """Per model: sent, served, failed and why, as the twin reports them."""
+        failed_when: dict[str, int] = {
+            str(e.get("replica")): e.t_ms for e in trace if e.kind == "replica.failed"
+        }
+        out: dict[str, dict[str, int]] = {}
+        for name, model in sorted(self.models.items()):
+            failed = [s for s in model.sent if not s.ok]
+            in_flight = sum(
+                1
+                for s in failed
+                if s.replica is not None
+                and s.replica in failed_when
+                and s.arrived_ms <= failed_when[s.replica] <= s.done_ms + IN_FLIGHT_SLACK_MS
+            )
+            out[name] = {
+                "sent": len(model.sent),
+                "served": len(model.sent) - len(failed),
+                "failed": len(failed),
+                "failed_in_flight": in_flight,
+                "failed_no_replica": sum(1 for s in failed if s.status == 503),
+                "retried": sum(1 for s in model.sent if s.retried),
+            }
+        return out
