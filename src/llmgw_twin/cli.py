@@ -6,6 +6,7 @@
     llmgw-twin ctl engine-check ...      check launch flags against an engine's own --help
     llmgw-twin controller --config FILE  the controller service (API, router, reconcile loop)
     llmgw-twin agent --config FILE       a node agent
+    llmgw-twin router --config FILE      an OpenAI-compatible router fed by the controller
     llmgw-twin sidecar ...               a shard's sidecar (started by the agent)
     llmgw-twin fuzz --seeds A..B ...     generated scenarios, random faults (docs/fuzzing.md)
 
@@ -60,6 +61,10 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("controller",): ("llmgw_twin.service.controller_main", "run the controller service"),
     ("agent",): ("llmgw_twin.service.agent_main", "run a node agent"),
+    ("router",): (
+        "llmgw_twin.service.router_main",
+        "run an OpenAI-compatible router that follows the controller's routing feed",
+    ),
     ("sidecar",): ("llmgw_twin.service.sidecar", "run a shard's sidecar"),
     ("fuzz",): (
         "llmgw_twin.twin.fuzz_cli",
