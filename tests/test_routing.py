@@ -47,10 +47,17 @@ def ids(router: Router) -> list[str]:
 def test_only_replicas_the_controller_announced_routable_are_in_the_table() -> None:
     router = Router()
     router.follow(ev("replica.placed", R1, "http://x:1"))  # not a join
-    router.follow(ev("replica.ready", R2))  # a join without an endpoint says nothing
+    router.follow(ev("replica.ready", R2))  # a join without an endpoint is no route
     assert ids(router) == []
     ready(router, R2, R1)
     assert ids(router) == [R1, R2]
+    # a join that says the replica is not routable takes it out: adopted while not serving,
+    # recovered while a node of it is suspect (no endpoint)
+    not_serving = TraceEvent.of(0, "replica.adopted", model="m", replica=R1, ready=False)
+    router.follow(not_serving)
+    router.follow(ev("replica.recovered", R2))
+    assert ids(router) == []
+    ready(router, R2, R1)
     for leave, back in [
         ("replica.unroutable", "replica.routable"),
         ("replica.degraded", "replica.recovered"),

@@ -4,10 +4,12 @@ The router keeps its own table of routable replicas per model, fed by the contro
 stream alone, the way a router process beside the controller follows it: an event of `JOINS`
 with a leader `endpoint` adds the replica (`replica.ready`, `replica.adopted` of a serving
 replica, `replica.recovered`, `replica.routable`); one of `LEAVES` removes it (`replica.failed`,
-`replica.reaped`, `replica.degraded`, `replica.unroutable`). The controller emits those in the
-very step in which a replica stops being routable (a node of it suspect or lost, a shard lost,
-its leader unhealthy, the replica reaped), so a router that applies a step's events applies the
-change in that step.
+`replica.reaped`, `replica.degraded`, `replica.unroutable`), and so does a join that carries no
+endpoint or says `ready: false` (a replica adopted while not serving, one recovered while a node
+of it is suspect): the controller has just said it is not routable. The controller emits those
+in the very step in which a replica stops being routable (a node of it suspect or lost, a shard
+lost, its leader unhealthy, the replica reaped), so a router that applies a step's events
+applies the change in that step.
 
 A router that lost the stream and finds a new controller process (`resync`) takes that
 controller's snapshot: ready replicas join, replicas gone from it leave, and a replica the new
@@ -157,9 +159,9 @@ class Router:
         if not isinstance(model, str) or not isinstance(replica, str):
             return
         rid = ReplicaId(replica)
-        if event.kind in JOINS and isinstance(endpoint, str):
+        if event.kind in JOINS and isinstance(endpoint, str) and event.get("ready") is not False:
             self._join(ModelName(model), rid, endpoint)
-        elif event.kind in LEAVES:
+        else:  # a leave, or a join that says it is not routable (adopted not ready, say)
             self._leave(rid)
 
     def resync(self, snapshot: Iterable[SnapshotEntry]) -> None:

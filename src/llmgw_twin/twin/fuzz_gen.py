@@ -332,6 +332,10 @@ def _fault_line(f: PlanFault, fault_id: str) -> str:
     return head + body + "}"
 
 
+TRAFFIC_RATE = "6/min"
+"""Each generated deployment's traffic."""
+
+
 def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
     """The plan as a scenario file: the fault phase (ids f01...), the heal (ids heal01...) and,
     when `capacity_allows(plan)`, the liveness expectation at the end."""
@@ -371,6 +375,10 @@ def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
         out += ["", "faults:"]
         out += [_fault_line(f, f"f{i + 1:02d}") for i, f in enumerate(plan.faults)]
         out += [_fault_line(f, f"heal{i + 1:02d}") for i, f in enumerate(heal)]
+    if plan.deployments:
+        # clients through the router all along: `routes_to_ready` is judged on every pick
+        out += ["", "traffic:"]
+        out += [f"  - {{model: {d.model}, rate: {TRAFFIC_RATE}}}" for d in plan.deployments]
     if plan.deployments and capacity_allows(plan):
         ready = ", ".join(f"{d.model}: {d.replicas}" for d in plan.deployments)
         out += [

@@ -121,10 +121,14 @@ class TrafficRouter:
     # --- following the controller --------------------------------------------------------------
 
     def controller_died(self, core: Controller) -> None:
-        """The router keeps its table; what it may still pick is what that controller called
-        ready last (judged by `routes_to_ready` until a new controller speaks)."""
+        """The router keeps its table; what it may still pick is what a controller called ready
+        last (judged by `routes_to_ready` until a new controller speaks of it)."""
         self._ready_when_down = frozenset(
-            r.id for r in core.replicas() if r.state is ReplicaState.READY
+            r.id
+            for r in core.replicas()
+            if r.state is ReplicaState.READY
+            # restored after an earlier outage and not judged since: still that word
+            or (r.state is ReplicaState.ADOPTING and r.id in self._ready_when_down)
         )
 
     def controller_started(self, core: Controller) -> None:
