@@ -1,0 +1,298 @@
+"""The router service's cost: sim engines behind `llmgw-twin router`, against the same engines
+asked directly, side by side in one run.
+
+    .venv/bin/python benchmarks/router.py [--engines 2] [--concurrency 1,8,32]
+                                          [--requests 400] [--max-seconds 30] [--max-tokens 16]
+                                          [--engine-as-is]
+
+Started here, each a process in its own session: `--engines` sim engines (1-node replicas of
+one model, no token latency, so what is measured is the HTTP path and not the simulated
+compute) and one `llmgw-twin router`, which follows a fake controller feed served from this
+process (one snapshot naming the engines, then nothing new). For each mode (a whole answer, a
+stream) and each concurrency level, the same client sends `--requests` chat completions (each
+`--max-tokens` tokens) with that many in flight, first straight to the engines (round-robin,
+as the router spreads them), then through the router; each cell is bounded by
+`--max-seconds` too. Latency is the whole answer, its last byte included; a failed request is
+counted, not timed. Prints one markdown table: p50 and p99 both ways, what the router adds,
+requests per second both ways and their ratio. Everything is on 127.0.0.1, and the client,
+the router and the engines share this machine's cores.
+
+The sim engine binds its own listening socket, and asyncio sets TCP_NODELAY only on sockets
+made with `IPPROTO_TCP`, so its answers on a kept-alive connection (headers, then body, in two
+writes) wait for the client's delayed ACK: about 40 ms each. The router keeps its connections
+to the replicas alive, so it would measure that and not itself. Unless `--engine-as-is`, the
+engines here are started with TCP_NODELAY on their listener (`NODELAY_LAUNCH`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+
+MODEL = "bench"
+START_DEADLINE_S = 60.0
+NODELAY_LAUNCH = """
+import socket, sys
+listen = socket.socket.listen
+def nodelay_listen(self, *args):
+    if self.family in (socket.AF_INET, socket.AF_INET6) and self.type == socket.SOCK_STREAM:
+        self.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return listen(self, *args)
+socket.socket.listen = nodelay_listen
+from llmgw_twin import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+"""Runs the CLI with TCP_NODELAY set on every TCP listener (accepted sockets inherit it)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Procs:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, *args: str, nodelay: bool = False) -> None:
+        launch = ["-c", NODELAY_LAUNCH] if nodelay else ["-m", "llmgw_twin.cli"]
+        with (self.log_dir / f"{name}.log").open("wb") as log:
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, *launch, *args],
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+
+    def close(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def feed_server(endpoints: list[str]) -> ThreadingHTTPServer:
+    """A controller's feed that names `endpoints` once, then has no news."""
+    snapshot = [
+        {"model": MODEL, "replica": f"{MODEL}-r{i + 1}", "state": "ready", "endpoint": url}
+        for i, url in enumerate(endpoints)
+    ]
+
+    class Feed(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = parse_qs(urlparse(self.path).query)
+            first = "epoch" not in query
+            if not first:  # a long poll with no news
+                time.sleep(min(int(query.get("wait_ms", ["0"])[0]), 20_000) / 1000)
+            page = {
+                "epoch": "bench",
+                "next": 0,
+                "models": [MODEL],
+                "snapshot": snapshot if first else None,
+                "events": [],
+            }
+            body = json.dumps(page).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Feed)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def wait_until(probe: Any, what: str) -> None:
+    deadline = time.monotonic() + START_DEADLINE_S
+    with httpx.Client(trust_env=False, timeout=5) as c:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if probe(c):
+                    return
+            time.sleep(0.1)
+    raise SystemExit(f"{what} did not come up within {START_DEADLINE_S} s")
+
+
+@dataclass
+class Cell:
+    latencies_s: list[float] = field(default_factory=list)
+    failed: int = 0
+    wall_s: float = 0.0
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.latencies_s)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies_s) / self.wall_s if self.wall_s else 0.0
+
+
+async def run_cell(
+    bases: list[str], concurrency: int, requests: int, max_s: float, stream: bool, tokens: int
+) -> Cell:
+    cell = Cell()
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(trust_env=False, timeout=60, limits=limits) as client:
+        next_i = 0
+        deadline = time.perf_counter() + max_s
+
+        async def one(i: int) -> None:
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"request {i}"}],
+                "max_tokens": tokens,
+                "stream": stream,
+            }
+            url = bases[i % len(bases)] + "/v1/chat/completions"
+            t0 = time.perf_counter()
+            try:
+                async with client.stream("POST", url, json=body) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+                    ok = r.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                cell.latencies_s.append(time.perf_counter() - t0)
+            else:
+                cell.failed += 1
+
+        async def worker() -> None:
+            nonlocal next_i
+            while next_i < requests and time.perf_counter() < deadline:
+                i = next_i
+                next_i += 1
+                await one(i)
+
+        # open the connections first, not timed
+        await asyncio.gather(*(one(-1 - i) for i in range(concurrency)))
+        cell.latencies_s.clear()
+        cell.failed = 0
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        cell.wall_s = time.perf_counter() - started
+    return cell
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--engines", type=int, default=2)
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--max-seconds", type=float, default=30.0)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument(
+        "--engine-as-is", action="store_true", help="start the engines without TCP_NODELAY"
+    )
+    args = p.parse_args()
+    levels = [int(x) for x in args.concurrency.split(",")]
+
+    with tempfile.TemporaryDirectory(prefix="router-bench-") as tmp:
+        procs = Procs(Path(tmp))
+        feed: ThreadingHTTPServer | None = None
+        try:
+            ports = [free_port() for _ in range(args.engines)]
+            engines = [f"http://127.0.0.1:{port}" for port in ports]
+            for i, port in enumerate(ports):
+                procs.start(
+                    f"engine{i}",
+                    *("sim-engine", "--model", f"/models/{MODEL}", "--served-model-name", MODEL),
+                    *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+                    nodelay=not args.engine_as_is,
+                )
+            feed = feed_server(engines)
+            router_port = free_port()
+            router = f"http://127.0.0.1:{router_port}"
+            config = Path(tmp) / "router.yaml"
+            config.write_text(
+                f"listen: {{host: 127.0.0.1, port: {router_port}}}\n"
+                f"controller: http://127.0.0.1:{feed.server_address[1]}\n"
+                "limits: {max_outstanding_per_replica: 256}\n"
+            )
+            procs.start("router", "router", "--config", str(config), "--log-level", "warning")
+            for url in engines:
+                wait_until(lambda c, u=url: c.get(u + "/health").status_code == 200, url)
+
+            def routable(c: httpx.Client) -> bool:
+                data = c.get(router + "/v1/models").json()["data"]
+                return bool(data) and data[0]["ready_replicas"] == len(engines)
+
+            wait_until(routable, "the router")
+
+            print(
+                f"{args.engines} sim engines{' (as they are)' if args.engine_as_is else ''}, "
+                f"{args.max_tokens} tokens per answer, "
+                f"{args.requests} requests per cell (at most {args.max_seconds:g} s)\n"
+            )
+            print(
+                "| answer | in flight | direct p50 / p99 | router p50 / p99 | added p50 / p99 "
+                "| direct req/s | router req/s | router / direct | failed |"
+            )
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            for stream in (False, True):
+                for level in levels:
+                    cells = [
+                        asyncio.run(
+                            run_cell(
+                                bases,
+                                level,
+                                args.requests,
+                                args.max_seconds,
+                                stream,
+                                args.max_tokens,
+                            )
+                        )
+                        for bases in (engines, [router])
+                    ]
+                    d, r = cells
+                    print(
+                        f"| {'stream' if stream else 'whole'} | {level} "
+                        f"| {d.pct(0.5):.1f} / {d.pct(0.99):.1f} ms "
+                        f"| {r.pct(0.5):.1f} / {r.pct(0.99):.1f} ms "
+                        f"| {r.pct(0.5) - d.pct(0.5):+.1f} / {r.pct(0.99) - d.pct(0.99):+.1f} ms "
+                        f"| {d.rate:.0f} | {r.rate:.0f} | {r.rate / d.rate if d.rate else 0:.2f} "
+                        f"| {d.failed} / {r.failed} |",
+                        flush=True,
+                    )
+        finally:
+            procs.close()
+            if feed is not None:
+                feed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
