@@ -28,7 +28,7 @@ from llmgw_twin.service.config import (
 )
 from llmgw_twin.service.controller_app import ControllerRuntime
 from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.feed import RoutingFeed
+from llmgw_twin.service.feed import FeedPageW, RoutingFeed
 from llmgw_twin.service.follower import FeedFollower
 
 DEADLINE_S = 20
@@ -107,6 +107,28 @@ def test_the_feed_keeps_a_bounded_log_and_a_router_behind_it_resyncs() -> None:
         assert idle["events"] == [] and idle["next"] == 4
 
     asyncio.run(go())
+
+
+def test_a_join_that_says_not_ready_reaches_a_router_as_a_leave() -> None:
+    """A replica the restarted controller adopted while not serving: `replica.adopted` with its
+    old endpoint and `ready: false` must take it out of a router's table, across the wire."""
+    log = RoutingFeed(epoch="e1")
+    log.record(TraceEvent.of(1, "replica.ready", model="m", replica="m-r1", endpoint="http://a"))
+    adopted = TraceEvent.of(
+        2, "replica.adopted", model="m", replica="m-r1", endpoint="http://a", ready=False
+    )
+    log.record(adopted)
+    page = FeedPageW.model_validate(asyncio.run(log.read(0, "e1", 0, list, lambda: ["m"])))
+    assert [(e.kind, e.ready) for e in page.events] == [
+        ("replica.ready", None),
+        ("replica.adopted", False),
+    ]
+    router = Router()
+    follower = FeedFollower(router, "http://controller")
+    follower.apply(page.model_copy(update={"events": page.events[:1]}))
+    assert [r.replica for r in router.routes(ModelName("m"))] == ["m-r1"]
+    follower.apply(page)
+    assert router.routes(ModelName("m")) == []
 
 
 def test_only_a_router_token_or_an_admin_token_reads_the_feed(tmp_path: Path) -> None:

@@ -50,13 +50,15 @@ Int = Annotated[int, Strict(), Field(ge=0)]
 
 
 class FeedEventW(_Strict):
-    """A routing event: a replica of `model` joins (with its leader `endpoint`) or leaves."""
+    """A routing event: a replica of `model` joins (with its leader `endpoint`) or leaves; a
+    join without an endpoint, or with `ready: false`, says it is not routable (a leave)."""
 
     t_ms: Annotated[int, Strict()]
     kind: Str
     model: Str
     replica: Str
     endpoint: Str | None = None
+    ready: Annotated[bool, Strict()] | None = None
 
 
 class SnapshotEntryW(_Strict):
@@ -92,11 +94,17 @@ def event_wire(ev: TraceEvent) -> dict[str, Any] | None:
     out: dict[str, Any] = {"t_ms": ev.t_ms, "kind": ev.kind, "model": model, "replica": replica}
     if isinstance(endpoint, str):
         out["endpoint"] = endpoint
+    ready = ev.get("ready")
+    if isinstance(ready, bool):
+        out["ready"] = ready
     return out
 
 
 def event_of(w: FeedEventW) -> TraceEvent:
-    return TraceEvent.of(w.t_ms, w.kind, model=w.model, replica=w.replica, endpoint=w.endpoint)
+    """The event as the core's `Router.follow` reads it: the subjects it looks at, only."""
+    return TraceEvent.of(
+        w.t_ms, w.kind, model=w.model, replica=w.replica, endpoint=w.endpoint, ready=w.ready
+    )
 
 
 def snapshot_wire(entries: Iterable[SnapshotEntry]) -> list[dict[str, Any]]:
