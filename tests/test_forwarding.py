@@ -32,8 +32,8 @@ from helpers.router import (
     static_feed,
 )
 from helpers.services import eventually, free_ports
-from llmgw_twin.core.routing import Ejection
-from llmgw_twin.service.forwarding import REPLICA_HEADER, RETRIED_HEADER, Timeouts
+from llmgw_twin.core.routing import Ejection, RouterTimeouts
+from llmgw_twin.service.forwarding import REPLICA_HEADER, RETRIED_HEADER
 
 
 def client(base: str) -> httpx.AsyncClient:
@@ -49,7 +49,7 @@ def content_of(payloads: list[str]) -> str:
 
 
 def test_a_stream_is_relayed_chunk_by_chunk_as_the_engine_makes_it() -> None:
-    quick = Timeouts(connect_ms=2_000, first_byte_ms=10_000, between_chunks_ms=1_000)
+    quick = RouterTimeouts(connect_ms=2_000, first_byte_ms=10_000, between_chunks_ms=1_000)
     with (
         engines(100) as [(engine, url)],
         router(settings(timeouts=quick), static_feed({"m-r1": url})) as base,
@@ -162,7 +162,7 @@ def test_a_killed_replicas_requests_are_retried_on_the_other_and_all_succeed() -
 
 
 def test_a_hung_replica_is_ejected_after_the_configured_failures_and_traffic_goes_on() -> None:
-    quick = Timeouts(connect_ms=2_000, first_byte_ms=1_000, between_chunks_ms=1_000)
+    quick = RouterTimeouts(connect_ms=2_000, first_byte_ms=1_000, between_chunks_ms=1_000)
     eject = Ejection(failures=2, base_ms=60_000, max_ms=60_000)
     with engines(0, 0) as [(a, url_a), (_, url_b)]:
         s = settings(timeouts=quick, ejection=eject)

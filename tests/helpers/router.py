@@ -18,8 +18,7 @@ from fastapi import FastAPI
 from helpers.engines import Engine
 from helpers.live import live_server
 from helpers.services import eventually, free_ports
-from llmgw_twin.core.routing import Ejection
-from llmgw_twin.service.forwarding import Timeouts
+from llmgw_twin.core.routing import Ejection, RouterTimeouts
 from llmgw_twin.service.router_app import RouterRuntime, create_router_app
 from llmgw_twin.service.router_config import RouterSettings
 
@@ -99,7 +98,7 @@ def settings(**kw: Any) -> RouterSettings:
         host="127.0.0.1",
         port=0,  # not read: `live_server` binds the port
         controller_url="http://controller.test",
-        timeouts=Timeouts(connect_ms=2_000, first_byte_ms=10_000, between_chunks_ms=10_000),
+        timeouts=RouterTimeouts(connect_ms=2_000, first_byte_ms=10_000, between_chunks_ms=10_000),
         ejection=Ejection(failures=3, base_ms=60_000, max_ms=60_000),
     )
     return replace(base, **kw)

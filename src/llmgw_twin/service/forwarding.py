@@ -22,7 +22,8 @@ Invariants:
 - An answer the replica gave (any status, 5xx included) is passed on as it is: its status, its
   content type, its body. Failures of the forwarding itself are OpenAI-format errors (`replies`).
 - No wait is unbounded: connecting (`connect_ms`), the first byte of the answer
-  (`first_byte_ms`), and each later chunk (`between_chunks_ms`).
+  (`first_byte_ms`), and each later chunk (`between_chunks_ms`), the core's `RouterTimeouts`
+  (the twin's too); sending the body (`WRITE_TIMEOUT_S`).
 - Every answer carries `x-llmgw-replica` (the replica that answered, or that failed) once a
   replica was picked, and `x-llmgw-retried: 1` when a second replica was tried.
 """
@@ -43,7 +44,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from llmgw_twin.core.model import ModelName, ReplicaId
-from llmgw_twin.core.routing import NoRoute, Route, Router
+from llmgw_twin.core.routing import NoRoute, Route, Router, RouterTimeouts
 from llmgw_twin.service.limits import MiB
 from llmgw_twin.service.replies import openai_error
 
@@ -60,21 +61,8 @@ RETRY_AFTER_S = {NoRoute.NO_REPLICA: 5, NoRoute.BUSY: 1}
 """What a 503 says to wait; for `all_ejected`, until the first ejected replica is back."""
 NO_CONTROLLER_RETRY_AFTER_S = 5
 UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect_ms: int = 2_000
-    first_byte_ms: int = 120_000
-    """From sending the request to the first byte of the answer's body."""
-    between_chunks_ms: int = 60_000
-    """Between two chunks of an answer (a stream that stalls this long is cut)."""
-    write_ms: int = 30_000
-    """Sending the request's body."""
-
-    def __post_init__(self) -> None:
-        if min(self.connect_ms, self.first_byte_ms, self.between_chunks_ms, self.write_ms) < 1:
-            raise ValueError("every timeout must be at least 1 ms")
+WRITE_TIMEOUT_S = 30.0
+"""Sending a request's body to a replica."""
 
 
 def monotonic_ms() -> int:
@@ -145,7 +133,7 @@ class Forwarder:
         self,
         router: Router,
         *,
-        timeouts: Timeouts | None = None,
+        timeouts: RouterTimeouts | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], int] = monotonic_ms,
@@ -153,7 +141,7 @@ class Forwarder:
         if router.outstanding_limit is None:
             raise ValueError("forwarding needs a router with an outstanding limit")
         self.router = router
-        self.timeouts = timeouts or Timeouts()
+        self.timeouts = timeouts or RouterTimeouts()
         self.max_answer_bytes = max_answer_bytes
         self._transport = transport
         self._clock = clock
@@ -175,7 +163,7 @@ class Forwarder:
             timeout=httpx.Timeout(
                 connect=t.connect_ms / 1000,
                 read=backstop_s,
-                write=t.write_ms / 1000,
+                write=WRITE_TIMEOUT_S,
                 pool=t.connect_ms / 1000,
             ),
             # the core bounds the requests in flight to each replica; no second queue here
@@ -191,12 +179,14 @@ class Forwarder:
             self._client = None
 
     def judge(self, route: Route, ok: bool) -> None:
-        if self.router.finished(route.replica, ok, self._clock()):
+        now = self._clock()
+        if self.router.finished(route.replica, ok, now):
+            back_ms = self.router.ejected(now).get(route.replica, now) - now
             log.warning(
-                "replica %s at %s ejected after %d failed requests in a row",
+                "replica %s at %s ejected for %d ms: its requests failed in a row",
                 route.replica,
                 route.endpoint,
-                self.router.ejection.failures,
+                back_ms,
             )
 
     async def forward(

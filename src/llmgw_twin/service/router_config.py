@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field, Strict, ValidationError
 
-from llmgw_twin.core.routing import Ejection
+from llmgw_twin.core.routing import Ejection, RouterTimeouts
 from llmgw_twin.service import limits
 from llmgw_twin.service.auth import check_hash
 from llmgw_twin.service.config_access import (
@@ -34,7 +34,7 @@ from llmgw_twin.service.config_access import (
     relative,
     server_tls,
 )
-from llmgw_twin.service.forwarding import MAX_ANSWER_BYTES, Timeouts
+from llmgw_twin.service.forwarding import MAX_ANSWER_BYTES
 from llmgw_twin.service.tls import ClientTls, ServerTls
 from llmgw_twin.service.wire import Text, Url, describe_errors
 from llmgw_twin.units import parse_duration, parse_size_mib
@@ -83,7 +83,7 @@ class RouterFile(StrictModel):
     feed: FeedC = FeedC()
 
 
-DEFAULT_TIMEOUTS = Timeouts()
+DEFAULT_TIMEOUTS = RouterTimeouts()
 DEFAULT_EJECTION = Ejection()
 
 
@@ -102,7 +102,7 @@ class RouterSettings:
     inference_body_bytes: int = limits.INFERENCE_BODY_LIMIT
     answer_bytes: int = MAX_ANSWER_BYTES
     outstanding_per_replica: int = limits.MAX_OUTSTANDING_PER_REPLICA
-    timeouts: Timeouts = DEFAULT_TIMEOUTS
+    timeouts: RouterTimeouts = DEFAULT_TIMEOUTS
     ejection: Ejection = DEFAULT_EJECTION
     feed_wait_ms: int = 20_000
     """How long one read of the feed may wait for news (the controller caps it at 30 s)."""
@@ -170,7 +170,7 @@ def load_router_config(path: str | Path) -> RouterSettings:
         inference_body_bytes=_bytes(path, "limits.max_inference_body", f.limits.max_inference_body),
         answer_bytes=_bytes(path, "limits.max_answer", f.limits.max_answer),
         outstanding_per_replica=f.limits.max_outstanding_per_replica,
-        timeouts=Timeouts(
+        timeouts=RouterTimeouts(
             connect_ms=_ms(path, "timeouts.connect", t.connect),
             first_byte_ms=_ms(path, "timeouts.first_byte", t.first_byte),
             between_chunks_ms=_ms(path, "timeouts.between_chunks", t.between_chunks),
