@@ -52,6 +52,7 @@ from llmgw_twin.core.protocol import (
     ControllerCommand,
     ControllerEvent,
     ControllerLagged,
+    Heartbeat,
     RequestReport,
     Step,
 )
@@ -324,11 +325,13 @@ class ControllerRuntime:
         return ReportReplyW()
 
     async def heartbeat(self, body: HeartbeatW, caller: Caller | None) -> ReportReplyW:
-        msg = body.to_core()
-        self._speaks_for(caller, msg.node, [s.spec.node for s in body.shards])
+        return ReportReplyW(report=await self.heard(body.to_core(), caller))
+
+    async def heard(self, msg: Heartbeat, caller: Caller | None) -> bool:
+        """A heartbeat, its body already read; True when it asks, in-band, for a report."""
+        self._speaks_for(caller, msg.node, [s.spec.node for s in msg.shards])
         step = await self._handle(msg, answered_in_band=msg.node)
-        asked = any(isinstance(c, RequestReport) and c.node == msg.node for c in step.commands)
-        return ReportReplyW(report=asked)
+        return any(isinstance(c, RequestReport) and c.node == msg.node for c in step.commands)
 
     async def put_profile(self, name: str, body: ProfileW) -> dict[str, Any]:
         await self._handle(ApplyProfile(body.to_core(name)))

@@ -15,10 +15,12 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 
 from llmgw_twin.service.auth import Caller, ControllerKeys, CredentialRequestW, CredentialW
 from llmgw_twin.service.controller_app import EVENTS_PAGE, ControllerRuntime
+from llmgw_twin.service.fastpath import HeartbeatFastPath
 from llmgw_twin.service.feed import FeedPageW
 from llmgw_twin.service.limits import MAX_INT, BodyLimit
 from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
@@ -87,12 +89,22 @@ def _shed_when_behind(runtime: ControllerRuntime) -> None:
 
 
 SHED_RETRY_AFTER_S = 5
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's own OpenTelemetry hooks, off: asking whether they are on costs every request more
+than a heartbeat's own work does, and the controller exports nothing to OpenTelemetry."""
 
 
 def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
-    app = FastAPI(title="llmgw-twin controller", lifespan=lifespan_of(runtime), responses=ERRORS)
+    app = FastAPI(
+        title="llmgw-twin controller",
+        lifespan=lifespan_of(runtime),
+        responses=ERRORS,
+        telemetry=NO_TELEMETRY,
+    )
     install_error_handlers(app)
     limits = runtime.settings.limits
+    # inside the body limit, in front of FastAPI: the heartbeat's short way (service/fastpath.py)
+    app.add_middleware(HeartbeatFastPath, runtime=runtime)
     app.add_middleware(
         BodyLimit, limit=limits.body_bytes, inference_limit=limits.inference_body_bytes
     )
