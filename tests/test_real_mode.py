@@ -93,6 +93,26 @@ def test_node_loss_under_real_traffic_fails_no_request_once_both_replicas_serve(
     assert c["failed"] == c["failed_no_replica"] and c["failed_in_flight"] == 0
 
 
+def test_a_controller_restart_under_real_traffic_through_a_router_process_fails_nothing(
+    own_tmp: Path,
+) -> None:
+    before = our_processes(own_tmp)
+    scenario = load_scenario(ROOT / "scenarios" / "controller-restart-traffic.yaml")
+    result = run_real(scenario, time_scale=0.1)
+    assert result.passed, [o.message for o in result.expectations if not o.passed]
+    assert result.requests is not None
+    c = result.requests["llama-70b"]
+    # the requests of the whole window (the 30 s outage inside it) were all served: the router
+    # process served from its table while the controller was down and resynced after
+    (window,) = [o for o in result.expectations if o.text.startswith("requests")]
+    assert window.message.startswith("0 of ")
+    sent_in_window = int(window.message.split()[2])
+    assert sent_in_window > 0.8 * c["sent"] * (22 - 5) / 24  # the window's share of the run
+    assert c["failed"] == c["failed_no_replica"]  # only before the first replicas served
+    assert [e.kind for e in result.trace].count("controller.started") == 2
+    assert our_processes(own_tmp) - before == set()
+
+
 def test_a_partition_is_a_real_network_cut(own_tmp: Path) -> None:
     before = our_processes(own_tmp)
     result = run_real(load_scenario(ROOT / "scenarios" / "partition.yaml"), time_scale=0.1)

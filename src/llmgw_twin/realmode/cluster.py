@@ -85,6 +85,9 @@ class RealCluster:
         self.controller_port = controller_port
         self.controller_url = f"http://127.0.0.1:{controller_port}"
         self.controller: subprocess.Popen[bytes] | None = None
+        self.router: subprocess.Popen[bytes] | None = None
+        """A router process of its own, started for a scenario with traffic."""
+        self._router_token = new_token()
         self.nodes: dict[NodeId, NodeProcs] = {}
         self.started_groups: set[int] = set()
         self._logs: list[TextIO] = []
@@ -126,7 +129,10 @@ class RealCluster:
                 for p in sc.profiles
             },
             # no deployments: the run applies them once every agent has registered
-            "auth": {"admin_tokens": [token_hash(self._admin_token)]},
+            "auth": {
+                "admin_tokens": [token_hash(self._admin_token)],
+                "router_tokens": [token_hash(self._router_token)],
+            },
         }
         path = self.workdir / "controller.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=True))
@@ -211,6 +217,22 @@ class RealCluster:
 
     def start_controller(self, config: Path) -> None:
         self.controller = self._spawn(["controller", "--config", str(config)], "controller.log")
+
+    def start_router(self) -> None:
+        """A router beside the controller, following its feed; clients go to it from now on."""
+        port = free_port()
+        token = self.workdir / "router.token"
+        token.write_text(self._router_token)
+        token.chmod(0o600)
+        config = self.workdir / "router.yaml"
+        router = {
+            "listen": {"host": "127.0.0.1", "port": port},
+            "controller": self.controller_url,
+            "controller_token_file": str(token),
+        }
+        config.write_text(yaml.safe_dump(router, sort_keys=True))
+        self.router = self._spawn(["router", "--config", str(config)], "router.log")
+        self.router_url = f"http://127.0.0.1:{port}"
 
     def start_agent(self, node: NodeId) -> None:
         n = self.nodes[node]
@@ -317,13 +339,15 @@ class RealCluster:
             except subprocess.TimeoutExpired:
                 _killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=STOP_GRACE_S)
-        if self.controller is not None:
-            _killpg(self.controller.pid, signal.SIGTERM)
+        for service in (self.router, self.controller):
+            if service is None:
+                continue
+            _killpg(service.pid, signal.SIGTERM)
             try:
-                self.controller.wait(timeout=STOP_GRACE_S)
+                service.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                _killpg(self.controller.pid, signal.SIGKILL)
-                self.controller.wait(timeout=STOP_GRACE_S)
+                _killpg(service.pid, signal.SIGKILL)
+                service.wait(timeout=STOP_GRACE_S)
         for pgid in sorted(self.started_groups):
             if _ours(pgid):  # a group id long gone may belong to someone else by now
                 _killpg(pgid, signal.SIGKILL)

@@ -148,6 +148,10 @@ class RealRun:
         cluster.start_controller(config)
         assert cluster.controller is not None
         await asyncio.to_thread(cluster.wait_healthy, cluster.controller_url, cluster.controller)
+        if self.scenario.traffic:  # clients go through a router process of its own
+            cluster.start_router()
+            assert cluster.router is not None
+            await asyncio.to_thread(cluster.wait_healthy, cluster.router_url, cluster.router)
         async with httpx.AsyncClient(timeout=5.0, headers=cluster.admin_headers) as client:
             await cluster.onboard_all(client)
             for node in sorted(cluster.nodes):
