@@ -472,6 +472,7 @@ class Load:
             "detected": len(lost_by),
             "detect_s": (min(lost_by.values()), max(lost_by.values())) if lost_by else None,
             "events": len(events),
+            "unplaceable_events": sum(1 for e in events if e["kind"] == "replica.unplaceable"),
         }
 
 
