@@ -64,7 +64,10 @@ class Delivery:
         self._tls = tls
         self._transport = transport
         self.max_in_flight = max_in_flight
-        self._client: httpx.AsyncClient | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        """One per worker, each with one connection: a shared pool's bookkeeping grows with
+        the requests waiting on it times its connections, and took most of the CPU in a
+        registration storm."""
         self._pending: dict[NodeId, list[tuple[ControllerCommand, int]]] = {}
         """node -> its commands not yet sent, each with the attempts made, in order"""
         self._queue: collections.deque[NodeId] = collections.deque()
@@ -84,20 +87,22 @@ class Delivery:
         return len(self._busy) + len(self._queued)
 
     def open(self) -> None:
-        limits = httpx.Limits(
-            max_connections=self.max_in_flight,
-            max_keepalive_connections=self.max_in_flight,
-            keepalive_expiry=60.0,
-        )
-        self._client = httpx.AsyncClient(
-            transport=self._transport,
-            timeout=SEND_TIMEOUT,
-            limits=limits,
-            trust_env=False,
-            verify=client_verify(self._tls),
-        )
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=60.0)
+        verify = client_verify(self._tls)
+        if verify is True:  # one TLS context for every worker: each makes its own otherwise
+            verify = httpx.create_ssl_context()
+        self._clients = [
+            httpx.AsyncClient(
+                transport=self._transport,
+                timeout=SEND_TIMEOUT,
+                limits=limits,
+                trust_env=False,
+                verify=verify,
+            )
+            for _ in range(self.max_in_flight)
+        ]
         loop = asyncio.get_running_loop()
-        self._workers = [loop.create_task(self._work()) for _ in range(self.max_in_flight)]
+        self._workers = [loop.create_task(self._work(c)) for c in self._clients]
 
     async def close(self) -> None:
         for task in self._retries:
@@ -109,8 +114,9 @@ class Delivery:
             task.cancel()
         await asyncio.gather(*self._workers, *self._retries, return_exceptions=True)
         self._workers = []
-        if self._client is not None:
-            await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
+        self._clients = []
 
     def send(self, cmd: ControllerCommand) -> None:
         """Queue `cmd` for its node, replacing a pending one of its kind; never awaits."""
@@ -130,7 +136,7 @@ class Delivery:
             self._queue.append(node)
             self._wake.set()
 
-    async def _work(self) -> None:
+    async def _work(self, client: httpx.AsyncClient) -> None:
         while True:
             while not self._queue:
                 self._wake.clear()
@@ -141,7 +147,7 @@ class Delivery:
             try:
                 while self._pending.get(node):
                     cmd, attempts = self._pending[node].pop(0)
-                    if not await self._deliver(cmd):
+                    if not await self._deliver(cmd, client):
                         self._retry(cmd, attempts + 1)
             finally:
                 self._busy.discard(node)
@@ -173,7 +179,7 @@ class Delivery:
         self._retries.add(task)
         task.add_done_callback(self._retries.discard)
 
-    async def _deliver(self, cmd: ControllerCommand) -> bool:
+    async def _deliver(self, cmd: ControllerCommand, client: httpx.AsyncClient) -> bool:
         """Post `cmd`; True when it was delivered or must not be (no address, revoked)."""
         node = cmd.node
         url = self._urls.get(node)
@@ -185,7 +191,6 @@ class Delivery:
         else:
             path = "/v1/report-request"
             body = RequestReportW.from_core(cmd).model_dump(mode="json")
-        assert self._client is not None
         headers = {}
         if self._keys is not None:
             cred = self._keys.node(node)
@@ -193,7 +198,7 @@ class Delivery:
                 return True  # revoked since: nothing more goes to it
             headers["authorization"] = "Bearer " + self._keys.controller_token(cred)
         try:
-            reply = await self._client.post(url + path, json=body, headers=headers)
+            reply = await client.post(url + path, json=body, headers=headers)
             reply.raise_for_status()
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             self.failed += 1
