@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.test_auth import Fleet, fleet, heartbeat
 
 from helpers.services import eventually
 from llmgw_twin.core.model import ReplicaId, ShardReport, ShardState
 from llmgw_twin.service.fastpath import HeartbeatFastPath
+from test_auth import Fleet, fleet, heartbeat
 
 PATH = "/v1/agents/heartbeat"
 Request = tuple[dict[str, str], bytes]  # headers, body

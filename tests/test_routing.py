@@ -221,7 +221,7 @@ def test_ejection_settings_are_checked() -> None:
 
 
 def test_a_replica_leaves_the_table_in_the_step_its_node_is_lost_or_its_shard_exits() -> None:
-    from tests.test_fault_handling import Run
+    from test_fault_handling import Run
 
     run = Run([("n1", "ib-a"), ("n2", "ib-a")], replicas=2)
     run.up(1_000)

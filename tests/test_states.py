@@ -80,6 +80,9 @@ def _replica_moves(trace: list[dict[str, object]]) -> list[tuple[str, R, R]]:
         elif kind == "replica.ready":
             move(rid, R.READY)
         elif kind == "replica.adopted":
+            # a restored replica: a controller restart that has no fault event at this instant
+            # (the later end of two overlapping outages) restored it too
+            state[rid] = R.ADOPTING
             move(rid, R.READY if ev.get("ready") else R.STARTING)
         elif kind == "replica.failed":
             move(rid, R.FAILED)
