@@ -538,3 +538,31 @@ def test_generation_in_another_process_matches() -> None:
 
 
 PINNED = "garnet kiln estuary willow marble"
+
+
+def test_the_sim_engine_answers_without_waiting_for_a_delayed_ack() -> None:
+    """Its listening socket is an IPPROTO_TCP one, so asyncio sets TCP_NODELAY on every
+    connection it accepts (a kept-alive client would otherwise wait ~40 ms per answer)."""
+    import asyncio
+    import socket
+
+    from llmgw_twin.programs.sim_server import _listen
+
+    async def go() -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_connect(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            sock = w.get_extra_info("socket")
+            accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            w.close()
+
+        listener = _listen("127.0.0.1", 0)
+        server = await asyncio.start_server(on_connect, sock=listener)
+        port = listener.getsockname()[1]
+        async with server:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            nodelay = await asyncio.wait_for(accepted, 10)
+            writer.close()
+        return nodelay
+
+    assert asyncio.run(go()) == 1
