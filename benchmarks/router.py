@@ -3,7 +3,6 @@ asked directly, side by side in one run.
 
     .venv/bin/python benchmarks/router.py [--engines 2] [--concurrency 1,8,32]
                                           [--requests 400] [--max-seconds 30] [--max-tokens 16]
-                                          [--engine-as-is]
 
 Started here, each a process in its own session: `--engines` sim engines (1-node replicas of
 one model, no token latency, so what is measured is the HTTP path and not the simulated
@@ -16,12 +15,6 @@ as the router spreads them), then through the router; each cell is bounded by
 counted, not timed. Prints one markdown table: p50 and p99 both ways, what the router adds,
 requests per second both ways and their ratio. Everything is on 127.0.0.1, and the client,
 the router and the engines share this machine's cores.
-
-The sim engine binds its own listening socket, and asyncio sets TCP_NODELAY only on sockets
-made with `IPPROTO_TCP`, so its answers on a kept-alive connection (headers, then body, in two
-writes) wait for the client's delayed ACK: about 40 ms each. The router keeps its connections
-to the replicas alive, so it would measure that and not itself. Unless `--engine-as-is`, the
-engines here are started with TCP_NODELAY on their listener (`NODELAY_LAUNCH`).
 """
 
 from __future__ import annotations
@@ -48,18 +41,6 @@ import httpx
 
 MODEL = "bench"
 START_DEADLINE_S = 60.0
-NODELAY_LAUNCH = """
-import socket, sys
-listen = socket.socket.listen
-def nodelay_listen(self, *args):
-    if self.family in (socket.AF_INET, socket.AF_INET6) and self.type == socket.SOCK_STREAM:
-        self.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return listen(self, *args)
-socket.socket.listen = nodelay_listen
-from llmgw_twin import cli
-sys.exit(cli.main(sys.argv[1:]))
-"""
-"""Runs the CLI with TCP_NODELAY set on every TCP listener (accepted sockets inherit it)."""
 
 
 def free_port() -> int:
@@ -73,8 +54,8 @@ class Procs:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, *args: str, nodelay: bool = False) -> None:
-        launch = ["-c", NODELAY_LAUNCH] if nodelay else ["-m", "llmgw_twin.cli"]
+    def start(self, name: str, *args: str) -> None:
+        launch = ["-m", "llmgw_twin.cli"]
         with (self.log_dir / f"{name}.log").open("wb") as log:
             self.procs.append(
                 subprocess.Popen(
@@ -214,9 +195,6 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--max-seconds", type=float, default=30.0)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument(
-        "--engine-as-is", action="store_true", help="start the engines without TCP_NODELAY"
-    )
     args = p.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
 
@@ -231,7 +209,6 @@ def main() -> int:
                     f"engine{i}",
                     *("sim-engine", "--model", f"/models/{MODEL}", "--served-model-name", MODEL),
                     *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
-                    nodelay=not args.engine_as_is,
                 )
             feed = feed_server(engines)
             router_port = free_port()
@@ -253,7 +230,7 @@ def main() -> int:
             wait_until(routable, "the router")
 
             print(
-                f"{args.engines} sim engines{' (as they are)' if args.engine_as_is else ''}, "
+                f"{args.engines} sim engines, "
                 f"{args.max_tokens} tokens per answer, "
                 f"{args.requests} requests per cell (at most {args.max_seconds:g} s)\n"
             )
