@@ -72,6 +72,7 @@ from llmgw_twin.service.config import ControllerSettings
 from llmgw_twin.service.delivery import Delivery
 from llmgw_twin.service.feed import RoutingFeed
 from llmgw_twin.service.forwarding import Forwarder
+from llmgw_twin.service.gcpauses import GcPauses
 from llmgw_twin.service.lag import LagMonitor
 from llmgw_twin.service.views import fleet_state, model_list
 from llmgw_twin.service.wire import (
@@ -157,6 +158,8 @@ class ControllerRuntime:
         self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.lag = LagMonitor(self._lagged)
+        self.gc_pauses: GcPauses | None = None
+        """Set by the controller process (`controller_main`), not by one runtime among many."""
 
     def now_ms(self) -> int:
         return self._epoch0_ms + (time.monotonic_ns() - self._t0_ns) // 1_000_000
@@ -200,8 +203,12 @@ class ControllerRuntime:
             self._apply(self._core.start(self.now_ms()))
         self._loop_task = asyncio.create_task(self._reconcile_loop())
         self.lag.start()
+        if self.gc_pauses is not None:
+            self.gc_pauses.start()
 
     async def stop(self) -> None:
+        if self.gc_pauses is not None:
+            await self.gc_pauses.stop()
         await self.lag.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
@@ -407,12 +414,17 @@ class ControllerRuntime:
 
     def state(self) -> dict[str, Any]:
         out = fleet_state(self.core, self._agent_urls, self.now_ms())
-        out["controller"] = self.lag.view() | {
-            "sent": self.delivery.sent,
-            "send_failures": self.delivery.failed,
-            "sends_given_up": self.delivery.dropped,
-            "sends_queued": self.delivery.in_flight,
-        }
+        gc_view = self.gc_pauses.view() if self.gc_pauses is not None else {}
+        out["controller"] = (
+            self.lag.view()
+            | gc_view
+            | {
+                "sent": self.delivery.sent,
+                "send_failures": self.delivery.failed,
+                "sends_given_up": self.delivery.dropped,
+                "sends_queued": self.delivery.in_flight,
+            }
+        )
         if self.keys is not None:
             out["credentials"] = [
                 {"node": c.node, "agent_url": c.agent_url, "issued_ms": c.issued_ms}

@@ -15,6 +15,7 @@ from llmgw_twin.service import serving
 from llmgw_twin.service.config import ConfigError, load_controller_config
 from llmgw_twin.service.controller_app import ControllerRuntime
 from llmgw_twin.service.controller_http import create_controller_app
+from llmgw_twin.service.gcpauses import GcPauses
 from llmgw_twin.store import StoreError
 
 
@@ -30,5 +31,6 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, StoreError, OSError, sqlite3.Error) as e:
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
+    runtime.gc_pauses = GcPauses()  # this process holds the fleet: keep full collections short
     app = create_controller_app(runtime)
     return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)
