@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw_twin.core.protocol import Heartbeat
 from llmgw_twin.service.auth import MAX_TOKEN_LENGTH, Caller
+from llmgw_twin.service.limits import replaying
 from llmgw_twin.service.wire import HeartbeatW, Refused, ReportReplyW
 
 if TYPE_CHECKING:
@@ -141,13 +142,4 @@ async def _read(receive: Receive) -> tuple[bytes | None, Receive]:
         if not message.get("more_body", False):
             break
     body = b"".join(chunks)
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return body, replay
+    return body, replaying(body, receive)

@@ -113,16 +113,21 @@ class BodyLimit:
                 break
         body = b"".join(chunks)
         del chunks
-        replayed = False
+        await self.app(scope, replaying(body, receive), send)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives `body` (read already) as one message, then what `receive` gives."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _content_length(scope: Scope) -> int | None:
