@@ -113,7 +113,11 @@ class Caller:
 
 def bearer(request: Request) -> str | None:
     """The bearer token of a request, or None when it carries none (or not as `Bearer`)."""
-    header = request.headers.get("authorization")
+    return bearer_of(request.headers.get("authorization"))
+
+
+def bearer_of(header: str | None) -> str | None:
+    """The bearer token in an `Authorization` header's value, as `bearer` reads it."""
     if header is None:
         return None
     scheme, _, token = header.partition(" ")

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw_twin.core.protocol import Heartbeat
-from llmgw_twin.service.auth import MAX_TOKEN_LENGTH, Caller
+from llmgw_twin.service.auth import Caller, bearer_of
 from llmgw_twin.service.limits import replaying
 from llmgw_twin.service.wire import HeartbeatW, Refused, ReportReplyW
 
@@ -93,11 +93,8 @@ class HeartbeatFastPath:
         keys = self.runtime.keys
         if keys is None:
             return True, None
-        if authorization is None:
-            return False, None
-        scheme, _, token = authorization.decode("latin-1").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_LENGTH:
+        token = bearer_of(None if authorization is None else authorization.decode("latin-1"))
+        if token is None:
             return False, None
         caller = keys.identify(token)
         if caller is None or caller.kind != "node":
