@@ -111,8 +111,8 @@ class ControllerShell:
     def restart(self) -> None:
         """A new controller process starts from the store."""
         self.world.heartbeats.land_all()  # (a restart without a crash between: outages overlap)
-        if self.traffic is not None:  # the process it replaces said its last word
-            self.traffic.controller_died(self.core)
+        if self.traffic is not None and self.up:  # restarted while up (outages overlap): the
+            self.traffic.controller_died(self.core)  # process it replaces said its last word
         self.up = True
         self.generation += 1
         self.router = Router()

@@ -70,12 +70,6 @@ class Counts:
             "ejections": ejections,
         }
 
-    def failed_between(self, start_ms: int, end_ms: int) -> int:
-        return sum(1 for t in self.failed_at if start_ms <= t <= end_ms)
-
-    def sent_between(self, start_ms: int, end_ms: int) -> int:
-        return sum(1 for t in self.arrivals if start_ms <= t <= end_ms)
-
 
 _Engines = tuple[tuple[SimNode, int, SimEngine], ...]
 
