@@ -10,11 +10,6 @@ the agent failed to). Waits are on conditions with deadlines; no assertion is ab
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +24,7 @@ from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
 from llmgw_twin.service.forwarding import REPLICA_HEADER
 from llmgw_twin.service.processes import group_alive
 from llmgw_twin.service.router_config import load_router_config
+from test_services_e2e import Fleet, get
 
 CONTROLLER_YAML = """\
 listen: {{host: 127.0.0.1, port: {port}}}
@@ -67,66 +63,13 @@ MAX_REQUESTS = 2_000
 """The most requests the background client sends: a bound, whatever happens."""
 
 
-class Procs:
-    """This test's processes, each in its own session, all ended by `close`."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.children: list[int] = []
-
-    def start(self, name: str, *args: str) -> None:
-        with (self.tmp_path / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "llmgw_twin.cli", *args],
-                cwd=self.tmp_path,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def log(self, name: str) -> str:
-        return (self.tmp_path / f"{name}.log").read_text(errors="replace")[-6000:]
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n}\n{self.log(n)}" for n in self.procs)
-
-    def stop(self, name: str, within_s: float = 30) -> None:
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=within_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} did not exit within {within_s}s of SIGTERM") from None
-        assert code in (0, -signal.SIGTERM), f"{name} exited {code}:\n{self.log(name)}"
-
-    def close(self) -> None:
-        for pgid in [p.pid for p in self.procs.values()] + self.children:
-            if group_alive(pgid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-
-
 @pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
+def procs(tmp_path: Path) -> Iterator[Fleet]:
+    p = Fleet(tmp_path)
     try:
         yield p
     finally:
         p.close()
-
-
-def get(client: httpx.Client, url: str) -> dict[str, Any] | None:
-    try:
-        r = client.get(url)
-    except httpx.HTTPError:
-        return None
-    return dict(r.json()) if r.status_code == 200 else None
 
 
 class Traffic:
@@ -170,7 +113,7 @@ class Traffic:
 
 
 def test_the_router_serves_through_a_controller_restart_and_resyncs_after(
-    tmp_path: Path, procs: Procs
+    tmp_path: Path, procs: Fleet
 ) -> None:
     controller_port, agent_port, router_port = free_ports(3)
     controller = f"http://127.0.0.1:{controller_port}"

@@ -74,9 +74,12 @@ class Fleet:
         log.close()
 
     def log(self, name: str) -> str:
-        return (self.tmp_path / f"{name}.log").read_text(errors="replace")[-4000:]
+        return (self.tmp_path / f"{name}.log").read_text(errors="replace")[-6000:]
 
-    def stop(self, name: str, within_s: float) -> None:
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.log(n)}" for n in self.procs)
+
+    def stop(self, name: str, within_s: float = 30) -> None:
         """SIGTERM, and a graceful shutdown within `within_s` (uvicorn, once shut down, ends
         the process by the signal it caught: -SIGTERM is its clean exit)."""
         proc = self.procs[name]
@@ -159,7 +162,7 @@ def test_controller_and_two_agents_serve_a_two_node_replica(tmp_path: Path, flee
         try:
             replica = wait_sync(ready, 60, "the replica ready")
         except AssertionError:
-            logs = "\n".join(f"--- {n}\n{fleet.log(n)}" for n in fleet.procs)
+            logs = fleet.logs()
             raise AssertionError(f"replica never ready; logs:\n{logs}") from None
         assert sorted(replica["nodes"]) == ["node01", "node02"]
         assert [s["state"] for s in replica["shards"]] == ["serving", "running"]
