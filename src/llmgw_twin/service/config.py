@@ -210,7 +210,7 @@ class AgentSettings:
         return dict(self.peer_addresses).get(node) or self.peer_address_default or node
 
 
-def _read(path: Path) -> Any:
+def read_settings(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -224,7 +224,7 @@ def _read(path: Path) -> Any:
     return data
 
 
-def _duration(path: Path, key: str, text: str, *, positive: bool = False) -> int:
+def duration_setting(path: Path, key: str, text: str, *, positive: bool = False) -> int:
     try:
         ms = parse_duration(text)
     except ValueError as e:
@@ -262,7 +262,7 @@ def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | fl
     match key.kind:
         case "duration":
             if isinstance(value, str) or (isinstance(value, int) and plain_number):
-                return _duration(path, where, str(value), positive=key.minimum > 0)
+                return duration_setting(path, where, str(value), positive=key.minimum > 0)
             raise ConfigError(f"{path}: {where}: expected a duration such as 10s, got {value!r}")
         case "count":
             if not isinstance(value, int) or isinstance(value, bool):
@@ -284,12 +284,12 @@ def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | fl
 def load_controller_config(path: str | Path) -> ControllerSettings:
     path = Path(path)
     try:
-        f = ControllerFile.model_validate(_read(path))
+        f = ControllerFile.model_validate(read_settings(path))
     except ValidationError as e:
         raise ConfigError(f"{path}: {describe_errors(e.errors())}") from None
     profiles = []
     for name, pc in f.profiles.items():
-        load_ms = _duration(path, f"profiles.{name}.load_time", pc.load_time)
+        load_ms = duration_setting(path, f"profiles.{name}.load_time", pc.load_time)
         try:
             body = ProfileW(
                 engine=pc.engine,
@@ -303,7 +303,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
             raise ConfigError(f"{path}: profiles.{name}: {describe_errors(e.errors())}") from None
         profile = body.to_core(name)
         if pc.start_timeout is not None:
-            timeout_ms = _duration(
+            timeout_ms = duration_setting(
                 path, f"profiles.{name}.start_timeout", pc.start_timeout, positive=True
             )
             profile = replace(profile, start_timeout_ms=timeout_ms)
@@ -338,7 +338,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
 def load_agent_config(path: str | Path) -> AgentSettings:
     path = Path(path)
     try:
-        f = AgentFile.model_validate(_read(path))
+        f = AgentFile.model_validate(read_settings(path))
     except ValidationError as e:
         raise ConfigError(f"{path}: {describe_errors(e.errors())}") from None
     engines: list[tuple[str, EngineBinary]] = []
@@ -375,16 +375,18 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         engines=tuple(engines),
         port_first=f.ports.first,
         port_last=f.ports.last,
-        heartbeat_interval_ms=_duration(
+        heartbeat_interval_ms=duration_setting(
             path, "heartbeat_interval", f.heartbeat_interval, positive=True
         ),
         engine_host=f.engine_host,
         peer_addresses=tuple(sorted(f.peer_addresses.items())),
         peer_address_default=f.peer_address_default,
-        stop_grace_ms=_duration(path, "stop_grace", f.stop_grace),
-        sidecar_timeout_ms=_duration(path, "sidecar_timeout", f.sidecar_timeout, positive=True),
-        worker_settle_ms=_duration(path, "worker_settle", f.worker_settle),
-        ready_timeout_ms=_duration(path, "ready_timeout", f.ready_timeout, positive=True),
+        stop_grace_ms=duration_setting(path, "stop_grace", f.stop_grace),
+        sidecar_timeout_ms=duration_setting(
+            path, "sidecar_timeout", f.sidecar_timeout, positive=True
+        ),
+        worker_settle_ms=duration_setting(path, "worker_settle", f.worker_settle),
+        ready_timeout_ms=duration_setting(path, "ready_timeout", f.ready_timeout, positive=True),
         log_dir=relative(path, f.log_dir) if f.log_dir is not None else None,
         policy=policy_settings(path, f.policy),
         credential=credential,

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import yaml
 from pydantic import Field, Strict, ValidationError
 
 from llmgw_twin.core.routing import Ejection, RouterTimeouts
 from llmgw_twin.service import limits
 from llmgw_twin.service.auth import check_hash
+from llmgw_twin.service.config import duration_setting, read_settings
 from llmgw_twin.service.config_access import (
     ClientTlsC,
     ConfigError,
@@ -37,7 +37,7 @@ from llmgw_twin.service.config_access import (
 from llmgw_twin.service.forwarding import MAX_ANSWER_BYTES
 from llmgw_twin.service.tls import ClientTls, ServerTls
 from llmgw_twin.service.wire import Text, Url, describe_errors
-from llmgw_twin.units import parse_duration, parse_size_mib
+from llmgw_twin.units import parse_size_mib
 
 Duration = Annotated[str, Strict()]
 
@@ -110,26 +110,9 @@ class RouterSettings:
     """The longest pause between two attempts to reach the controller."""
 
 
-def _read(path: Path) -> Any:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the config: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
-    return data
-
-
 def _ms(path: Path, key: str, text: str) -> int:
-    try:
-        ms = parse_duration(text)
-    except ValueError as e:
-        raise ConfigError(f"{path}: {key}: {e}") from None
-    if ms <= 0:
-        raise ConfigError(f"{path}: {key}: must be longer than 0")
-    return ms
+    """A duration longer than 0, as the controller's config reads one."""
+    return duration_setting(path, key, text, positive=True)
 
 
 def _bytes(path: Path, key: str, text: str) -> int:
@@ -145,7 +128,7 @@ def _bytes(path: Path, key: str, text: str) -> int:
 def load_router_config(path: str | Path) -> RouterSettings:
     path = Path(path)
     try:
-        f = RouterFile.model_validate(_read(path))
+        f = RouterFile.model_validate(read_settings(path))
     except ValidationError as e:
         raise ConfigError(f"{path}: {describe_errors(e.errors())}") from None
     for i, value in enumerate(f.auth.api_keys):
