@@ -1,11 +1,11 @@
 # Two entry points on a fresh machine (Python 3.11+ with venv):
 #   make run   install the project and run the canonical scenario
-#   make test  install the project with its dev tools and llama-server, run every check CI runs
+#   make test  install the project with its dev tools, llama-server and chromium, run every check CI runs
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean llama-server
+.PHONY: run test lint bench clean llama-server chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,7 +27,11 @@ lint: $(VENV)/.installed
 llama-server: $(VENV)/.installed
 	bash scripts/install-llama-server.sh
 
-test: lint llama-server
+# Debian's Chromium for the browser tests (Playwright drives it; it downloads no browser)
+chromium:
+	bash scripts/install-chromium.sh
+
+test: lint llama-server chromium
 	$(BIN)/llmgw-twin run -q scenarios/*.yaml
 	$(BIN)/pytest -q
 

@@ -1,0 +1,1 @@
+"""pytest collects scenario files as tests (being written)."""
