@@ -25,6 +25,7 @@ from llmgw_twin.service.feed import FeedPageW
 from llmgw_twin.service.limits import MAX_INT, BodyLimit
 from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.serving import lifespan_of
+from llmgw_twin.service.status_page import status_response
 from llmgw_twin.service.wire import (
     NAME_PATTERN,
     DeploymentW,
@@ -176,6 +177,11 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
         wait_ms: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     ) -> JSONResponse:
         return JSONResponse(await runtime.router_feed(after, epoch, wait_ms))
+
+    # the page is static and open (no fleet data in it); its script reads the admin routes above
+    @app.get("/status", include_in_schema=False)
+    async def status() -> Response:
+        return status_response(runtime.keys is not None)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
