@@ -160,7 +160,7 @@ def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: 
         fatal.append(message)
         raise RuntimeError(message)  # the real one ends the process here
 
-    def broken(writes: object) -> None:
+    def broken(writes: object, events: object = ()) -> None:
         raise OSError("disk full")
 
     async def go() -> None:

@@ -38,6 +38,7 @@ from llmgw_twin.core.model import (
     ProfileName,
     ReplicaId,
     ShardSpec,
+    TraceEvent,
 )
 from llmgw_twin.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 
@@ -348,3 +349,87 @@ def test_a_row_that_does_not_decode_is_a_store_error_naming_its_table_and_key(
     with Store(str(path)) as store, pytest.raises(StoreError) as err:
         store.load()
     assert f"{table} row {row[0]!r}" in str(err.value) and says in str(err.value)
+
+
+def event(i: int) -> TraceEvent:
+    """Event `i`: scalar subjects of each kind and a tuple one, as the core emits them."""
+    return TraceEvent.of(
+        1_000 + i,
+        "shard.started",
+        replica=f"m-r{i}",
+        rank=i % 3,
+        ready=i % 2 == 0,
+        argv=("sim", "--port", str(i)),
+    )
+
+
+def event_rows(path: Path) -> list[int]:
+    raw = sqlite3.connect(path)
+    try:
+        return [int(seq) for (seq,) in raw.execute("SELECT seq FROM events ORDER BY seq")]
+    finally:
+        raw.close()
+
+
+def test_events_are_numbered_on_across_reopens_and_only_the_newest_are_kept(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.db"
+    with Store(str(path), events_kept=5) as store:
+        assert store.load_events() == (0, [])
+        store.commit(every_record()[:1], [event(0), event(1)])
+        assert store.load_events() == (0, [event(0), event(1)])
+        store.commit([], [event(i) for i in range(2, 9)])  # events alone are a commit too
+        assert event_rows(path) == [4, 5, 6, 7, 8]  # pruned in the same commit
+        store.commit(every_record()[1:2])  # a commit without events leaves the log alone
+        assert event_rows(path) == [4, 5, 6, 7, 8]
+    with Store(str(path), events_kept=5) as store:
+        assert store.load_events() == (4, [event(i) for i in range(4, 9)])
+        store.commit([], [event(9)])
+        assert event_rows(path) == [5, 6, 7, 8, 9]
+        assert store.load().deployments == (Deployment(ModelName("m"), ProfileName("p"), 3),)
+    # a smaller bound reads the newest of them; a larger one all there are
+    with Store(str(path), events_kept=2) as store:
+        assert store.load_events() == (8, [event(8), event(9)])
+        store.commit([], [event(10)])
+        assert event_rows(path) == [9, 10]
+    with Store(str(path), events_kept=100) as store:
+        assert store.load_events() == (9, [event(9), event(10)])
+        store.commit([], [event(11)])
+        assert store.load_events() == (9, [event(9), event(10), event(11)])
+
+
+def test_a_failed_commit_appends_no_event_and_uses_up_no_number(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    with Store(str(path)) as store:
+        store.commit([], [event(0)])
+        bad: list[Write] = [every_record()[0], "not a write"]  # type: ignore[list-item]
+        with pytest.raises(AssertionError):
+            store.commit(bad, [event(1), event(2)])
+        assert store.load_events() == (0, [event(0)])
+        store.commit([], [event(3)])
+        assert store.load_events() == (0, [event(0), event(3)])
+        assert store.load().profiles == ()
+
+
+def test_a_version_4_store_takes_the_event_log_migration_and_keeps_its_state(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.db"
+    write_raw(path, 4, TODAYS_ROWS)
+    with Store(str(path)) as store:
+        assert store.version == SCHEMA_VERSION
+        assert store.load() == todays_state()
+        assert store.load_events() == (0, [])
+        store.commit([], [event(0)])
+    with Store(str(path)) as store:
+        assert store.load_events() == (0, [event(0)])
+
+
+def test_an_event_row_that_does_not_decode_is_a_store_error_naming_its_number(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.db"
+    write_raw(path, SCHEMA_VERSION, {"events": [(0, '{"kind":"x","subjects":{},"t_ms":"1"}')]})
+    with Store(str(path)) as store, pytest.raises(StoreError, match="events row 0"):
+        store.load_events()

@@ -9,12 +9,17 @@ default, and a row that does not decode is a `StoreError` naming its table and k
 
 The schema carries a version (`PRAGMA user_version`); opening a store runs every migration it
 lacks, in order, each in its own transaction, and refuses a store newer than this code.
+
+The controller service's event log rides in the same transactions: `commit(writes, events)`
+appends the events, numbered on from the newest kept (a number is never used twice), and drops
+all but the newest `events_kept` in that same transaction; `load_events()` reads them back.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TypeVar, assert_never
 
 from llmgw_twin import codec
@@ -38,7 +43,7 @@ from llmgw_twin.core.durable import (
     ReplicaRow,
     Write,
 )
-from llmgw_twin.core.model import Deployment, ModelName, NodeId, NodeInfo, Profile
+from llmgw_twin.core.model import Deployment, ModelName, NodeId, NodeInfo, Profile, TraceEvent
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: desired state, node registry, placed replicas, id counters
@@ -70,8 +75,15 @@ MIGRATIONS: tuple[str, ...] = (
         issued_ms INTEGER NOT NULL
     );
     """,
+    # 5: the controller service's event log (`GET /v1/admin/events`), by its sequence number:
+    # the newest events, so that they outlive the process
+    """
+    CREATE TABLE events (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+EVENTS_KEPT = 50_000
+"""How many of the newest events a store keeps, unless told otherwise."""
 
 R = TypeVar("R")
 
@@ -83,14 +95,20 @@ class StoreError(Exception):
 class Store:
     """A controller's store; `path=":memory:"` for a run that needs no file (the twin)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, events_kept: int = EVENTS_KEPT) -> None:
+        if events_kept < 1:
+            raise ValueError(f"events_kept must be at least 1, got {events_kept}")
         self.path = path
+        self.events_kept = events_kept
         # transactions are explicit; the controller commits from a worker thread, one use at a
         # time (`service.committer`), so the connection may be used from another thread
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._migrate()
+        newest = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+        self._next_event = 0 if newest is None else int(newest) + 1
+        """The number the next event appended gets."""
 
     def close(self) -> None:
         self._db.close()
@@ -125,14 +143,23 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def commit(self, writes: Iterable[Write]) -> None:
-        """Apply one decision's writes atomically; returns once they are durable."""
+    def commit(self, writes: Iterable[Write], events: Sequence[TraceEvent] = ()) -> None:
+        """Apply one decision's writes atomically, and append `events` to the event log in the
+        same transaction (numbered on from the last, the oldest beyond `events_kept` dropped);
+        returns once they are durable."""
         batch = list(writes)
-        if not batch:
+        if not batch and not events:
             return
         db = self._db
+        first, end = self._next_event, self._next_event + len(events)
         db.execute("BEGIN IMMEDIATE")
         try:
+            if events:
+                db.executemany(
+                    "INSERT INTO events VALUES (?, ?)",
+                    ((first + i, _event_text(ev)) for i, ev in enumerate(events)),
+                )
+                db.execute("DELETE FROM events WHERE seq < ?", (end - self.events_kept,))
             for w in batch:
                 match w:
                     case PutProfile(profile=p):
@@ -185,6 +212,23 @@ class Store:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._next_event = end
+
+    def load_events(self) -> tuple[int, list[TraceEvent]]:
+        """The number of the oldest event kept (of the next one, when none is) and the newest
+        `events_kept` events, oldest first, numbered on from it."""
+        query = "SELECT seq, body FROM events WHERE seq >= ? ORDER BY seq"
+        rows = self._db.execute(query, (self._next_event - self.events_kept,)).fetchall()
+        first = int(rows[0][0]) if rows else self._next_event
+        out: list[TraceEvent] = []
+        for seq, body in rows:
+            if seq != first + len(out):
+                raise StoreError(f"{self.path}: events: event {first + len(out)} is missing")
+            try:
+                out.append(_event_of(body))
+            except (ValueError, TypeError) as err:
+                raise StoreError(f"{self.path}: events row {seq}: {err}") from err
+        return first, out
 
     def put_agent_url(self, node: NodeId, url: str) -> None:
         """Remember where a node's agent listens, so a restarted controller can reach it."""
@@ -265,3 +309,23 @@ class Store:
             quarantines=tuple(quarantines),
             clock_ms=int(clock[0]) if clock is not None else 0,
         )
+
+
+def _event_text(ev: TraceEvent) -> str:
+    """An event as canonical JSON: `{"kind", "subjects": {name: value}, "t_ms"}`, a tuple value
+    as a list (subjects are scalars and flat tuples of them)."""
+    subjects = {k: list(v) if isinstance(v, tuple) else v for k, v in ev.subjects}
+    body = {"t_ms": ev.t_ms, "kind": ev.kind, "subjects": subjects}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _event_of(text: str) -> TraceEvent:
+    """`_event_text` read back: the same event (a list value is a tuple again)."""
+    body = json.loads(text)
+    if not isinstance(body, dict):
+        raise ValueError("not an event object")
+    t_ms, kind, subjects = body.get("t_ms"), body.get("kind"), body.get("subjects")
+    if type(t_ms) is not int or not isinstance(kind, str) or not isinstance(subjects, dict):
+        raise ValueError("expected t_ms (an integer), kind (a string) and subjects (an object)")
+    pairs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in subjects.items()))
+    return TraceEvent(t_ms, kind, pairs)

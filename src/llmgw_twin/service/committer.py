@@ -1,15 +1,17 @@
 """Group commit: the controller's steps made durable off the event loop, many per transaction.
 
 Role: the runtime hands each step the core made to `Committer.submit`. A step with nothing to
-write, and nothing queued before it, is carried out at once (its events published, its
-commands sent). Otherwise it waits in a queue; one task takes everything queued, commits all
-their writes in one transaction in a worker thread (SQLite with `synchronous=FULL` waits for
-the disk, and the event loop must not), then carries the steps out in the order they were made
-and resolves each one's future, which the request that made it awaits before it answers.
+write and no event, and nothing queued before it, is carried out at once (its commands sent).
+Otherwise it waits in a queue; one task takes everything queued, commits all their writes and
+their events (the store's event log) in one transaction in a worker thread (SQLite with
+`synchronous=FULL` waits for the disk, and the event loop must not), then carries the steps out
+in the order they were made and resolves each one's future, which the request that made it
+awaits before it answers.
 
 Invariants:
-- Nothing of a step leaves the process (no event, no command) before its writes are durable,
-  and steps are carried out in the order the core made them.
+- Nothing of a step leaves the process (no event, no command) before its writes and events
+  are durable, and steps are carried out in the order the core made them, so the event log in
+  memory and the store's number the same events alike.
 - Every use of the store goes through `run` (one at a time, in the worker thread), so no two
   transactions interleave on its one connection.
 - A failed commit calls `fatal` (the process ends); none of its steps is carried out, and their
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from llmgw_twin.core.durable import Write
-from llmgw_twin.core.model import NodeId
+from llmgw_twin.core.model import NodeId, TraceEvent
 from llmgw_twin.core.protocol import Step
 from llmgw_twin.store import Store
 
@@ -76,7 +78,7 @@ class Committer:
 
     def submit(self, step: Step, in_band: NodeId | None = None) -> asyncio.Future[None] | None:
         """Carry `step` out once durable; never awaits. None: carried out already."""
-        if not step.writes and not self._queue:
+        if not step.writes and not step.events and not self._queue:
             self._carry_out(step, in_band)
             return None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -104,9 +106,10 @@ class Committer:
             batch = list(self._queue)
             self._queue.clear()
             writes: tuple[Write, ...] = tuple(w for q in batch for w in q.step.writes)
-            if writes:
+            events: tuple[TraceEvent, ...] = tuple(e for q in batch for e in q.step.events)
+            if writes or events:
                 try:
-                    await self.run(self.store.commit, writes)
+                    await self.run(self.store.commit, writes, events)
                 except Exception as e:
                     log.exception("committing %d steps failed", len(batch))
                     for q in batch:

@@ -50,6 +50,7 @@ from llmgw_twin.service.wire import (
     Url,
     describe_errors,
 )
+from llmgw_twin.store import EVENTS_KEPT
 from llmgw_twin.units import (
     SettingKey,
     in_file_terms,
@@ -108,6 +109,7 @@ class ControllerFile(_Strict):
     auth: AuthC | None = None
     agents_tls: ClientTlsC | None = None
     limits: LimitsC = LimitsC()
+    events_kept: Positive = EVENTS_KEPT
 
 
 class EngineBinaryC(_Strict):
@@ -158,6 +160,8 @@ class ControllerSettings:
     tls: ServerTls | None = None
     agents_tls: ClientTls | None = None
     limits: ControllerLimits = DEFAULT_LIMITS
+    events_kept: int = EVENTS_KEPT
+    """How many of the newest events the event log keeps, in the store and in memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +336,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         tls=tls,
         agents_tls=client_tls(path, f.agents_tls),
         limits=limits_settings(path, f.limits),
+        events_kept=f.events_kept,
     )
 
 

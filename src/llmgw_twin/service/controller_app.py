@@ -9,8 +9,9 @@ the core, and the core's commands go out to the agents. Its HTTP face is
 
 Invariants:
 - Every call into the core holds one asyncio lock, and carrying out its `Step` never awaits:
-  each step's writes are committed to the store (one transaction) before any of its commands is
-  sent, its events reach the router, the event log and the routing feed in order, and its
+  each step's writes and events are committed to the store (one transaction) before any of its
+  commands is sent, its events reach the router, the event log and the routing feed in order
+  (the log's numbers go on from the store's across restarts), and its
   `wake_at_ms` arms the reconcile loop. Time is integer ms on a monotonic clock, counted from
   the runtime's creation.
 - Commands go out through `delivery.Delivery`: to one node in the order they were decided, an
@@ -88,9 +89,6 @@ from llmgw_twin.store import Store
 
 log = logging.getLogger("llmgw_twin.controller")
 
-EVENTS_KEPT = 100_000
-"""The event log keeps at least this many recent events (at most twice as many, trimmed in
-one go); `/v1/admin/events` says how many asked for were dropped."""
 EVENTS_PAGE = 5_000
 """The most events one read of the log returns: a reader follows `next`."""
 
@@ -125,7 +123,7 @@ class ControllerRuntime:
         self._epoch0_ms = time.time_ns() // 1_000_000
         if settings.store != ":memory:":
             pathlib.Path(settings.store).parent.mkdir(parents=True, exist_ok=True)
-        self.store = Store(settings.store)
+        self.store = Store(settings.store, events_kept=settings.events_kept)
         self.router = Router(outstanding_limit=settings.limits.outstanding_per_replica)
         self.forwarder = Forwarder(self.router, transport=engine_transport)
         self.feed = RoutingFeed()
@@ -149,8 +147,10 @@ class ControllerRuntime:
         self._lock = asyncio.Lock()
         self._wake_at: int | None = None
         self._wake = asyncio.Event()
-        self._events: list[TraceEvent] = []
-        self._events_dropped = 0
+        # the event log: the store's newest `events_kept` events (numbered on from there: a
+        # restart repeats no number), then this process's, each committed before it is here;
+        # `_events_dropped` is the number of `_events[0]`
+        self._events_dropped, self._events = self.store.load_events()
         self.committer = Committer(self.store, self._carry_out, fatal)
         self.delivery = Delivery(
             self._agent_urls, self.keys, tls=settings.agents_tls, transport=agent_transport
@@ -272,8 +272,9 @@ class ControllerRuntime:
     def _record(self, ev: TraceEvent) -> None:
         log.info("%s %s", ev.kind, " ".join(f"{k}={v}" for k, v in ev.subjects if k != "argv"))
         self._events.append(ev)
-        if len(self._events) >= 2 * EVENTS_KEPT:  # amortised O(1): halve once in a while
-            drop = len(self._events) - EVENTS_KEPT
+        # at least `events_kept` kept, at most twice as many: amortised O(1), halved in one go
+        if len(self._events) >= 2 * self.settings.events_kept:
+            drop = len(self._events) - self.settings.events_kept
             del self._events[:drop]
             self._events_dropped += drop
         self.router.follow(ev)
