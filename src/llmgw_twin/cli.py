@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from llmgw_twin import __version__
-
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 # command words -> module (or `module:Class`) with `add_arguments(parser)` and `main(args) -> int`
@@ -59,6 +57,10 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "llmgw_twin.service.ctl:Revoke",
         "revoke a node's credential",
     ),
+    ("onboard",): (
+        "llmgw_twin.service.onboard",
+        "write a node's agent config, credential, fake sysfs root and systemd units",
+    ),
     ("controller",): ("llmgw_twin.service.controller_main", "run the controller service"),
     ("agent",): ("llmgw_twin.service.agent_main", "run a node agent"),
     ("router",): (
@@ -74,6 +76,8 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 
 
 def _run_parser() -> argparse.ArgumentParser:
+    from llmgw_twin import __version__  # the installed metadata's: looked up only here
+
     p = argparse.ArgumentParser(
         prog="llmgw-twin",
         description="A control plane for LLM replicas on GPU fabrics, and its twin.",
