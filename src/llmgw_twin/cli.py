@@ -57,6 +57,10 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "llmgw_twin.service.ctl:Revoke",
         "revoke a node's credential",
     ),
+    ("ctl", "status"): (
+        "llmgw_twin.service.ctl_status:Status",
+        "show the fleet: fabrics (or every node), replicas per model, pending replicas and why",
+    ),
     ("onboard",): (
         "llmgw_twin.service.onboard",
         "write a node's agent config, credential, fake sysfs root and systemd units",
