@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench_progress import step
 from llmgw_twin.core.model import (
     Deployment,
     EngineName,
@@ -68,10 +69,13 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--minutes", type=int, default=10)
     args = ap.parse_args()
+    step(f"building a fleet of {args.nodes} nodes")
     scenario = fleet_scenario(args.nodes, args.minutes)
+    step(f"the twin: {args.nodes} nodes, {args.minutes} min virtual")
     t0 = time.perf_counter()
     result = run_scenario(scenario)
     wall = time.perf_counter() - t0
+    step(f"bare SimPy on the same heartbeat pattern (the twin took {wall:.1f} s)")
     bare = bare_seconds(args.nodes, scenario.duration_ms, scenario.timings, scenario.seed)
     kinds: dict[str, int] = {}
     for ev in result.trace:

@@ -16,6 +16,7 @@ import logging
 import os
 import time
 
+from bench_progress import step
 from llmgw_twin.twin.fuzz import sweep_sha256
 from llmgw_twin.twin.fuzz_cli import parse_seeds, sweep
 
@@ -34,6 +35,7 @@ def main() -> None:
     print(f"{len(seeds)} seeds ({args.seeds}) on {os.cpu_count()} CPUs")
     print(f"{'way':<26} {'wall s':>8} {'seeds/min':>10}  sweep sha256")
     for jobs in args.jobs:
+        step(f"--jobs {jobs}: {len(seeds)} seeds")
         started = time.perf_counter()
         results = sweep(seeds, jobs=jobs)
         wall = time.perf_counter() - started
@@ -43,11 +45,13 @@ def main() -> None:
         return
     import ray
 
+    step("starting a local Ray cluster")
     started = time.perf_counter()
     ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     init = time.perf_counter() - started
     try:
         cpus = int(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
+        step(f"ray local ({cpus} CPUs): {len(seeds)} seeds")
         started = time.perf_counter()
         results = sweep(seeds, ray_address="local")
         wall = time.perf_counter() - started

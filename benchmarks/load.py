@@ -47,6 +47,7 @@ import h11
 import httpx
 import uvicorn
 
+from bench_progress import step
 from llmgw_twin.service.auth import new_token, token_hash
 
 GPUS = 8
@@ -385,6 +386,7 @@ class Load:
                 return
 
     async def run(self) -> dict[str, Any]:
+        step(f"{self.n} nodes: starting the controller, onboarding every node")
         self.start_controller()
         server = uvicorn.Server(
             uvicorn.Config(
@@ -410,11 +412,13 @@ class Load:
                 headers=self.headers,
             )
             r.raise_for_status()
+            step(f"{self.n} nodes: registering, until {self.n // 2} replicas are ready")
             t_start = time.monotonic()
             tasks = [asyncio.create_task(self.agent(a)) for a in self.agents.values()]
             ready_s = await self.until_ready(client, t_start)
             # this process's own collector stays out of the measured latencies: its heap of
             # 10,000 agents takes a full collection as long as the controller's would
+            step(f"{self.n} nodes: {self.args.steady:g} s of steady state, measured")
             gc.collect()
             gc.freeze()
             gc.disable()
@@ -428,6 +432,7 @@ class Load:
             self.generator_share = (time.process_time() - own0) / (time.monotonic() - wall0)
             rss = self.rss_mib()
             silenced = self.rng.sample(sorted(self.agents), max(1, int(self.n * self.args.silence)))
+            step(f"{self.n} nodes: {len(silenced)} silenced, until they are declared lost")
             for node in silenced:
                 self.agents[node].silenced = True
             await self.until_lost(client, silenced)

@@ -47,6 +47,7 @@ from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from bench_progress import step, steps
 from greedy_baseline import GreedyIndex
 from helpers.placement_oracle import instance, judge, optimum
 
@@ -160,6 +161,7 @@ def scale(repeats: int) -> None:
     for nodes in (1_000, 10_000):
         fleet = infos(nodes)
         for count in (100, 1_000):
+            step(f"placement pass, {nodes} nodes, {count} pending")
             todo = pending(count)
             new_gpus = place_whole_set(fleet, todo)[1]
             old_gpus = place_greedy(fleet, todo)[1]
@@ -185,6 +187,7 @@ def scale(repeats: int) -> None:
     print()
     print("defragmentation plan (2x8 pending, every node holding a 1x4; min / median)")
     for nodes in (1_000, 10_000):
+        step(f"defragmentation plan, {nodes} nodes")
         low, mid = timed(partial(defrag_plan, nodes), repeats)
         print(f"{nodes:>7} nodes: {ms(low)} / {ms(mid)}")
     print()
@@ -193,7 +196,7 @@ def scale(repeats: int) -> None:
 def quality(count: int) -> None:
     at_once = [0, 0, 0, 0, 0]  # instances, whole-set optimal, greedy optimal, GPUs new, old
     best_gpus = 0
-    for seed in range(count):
+    for seed in steps(range(count), count, "instances against the CP-SAT optimum"):
         inst = instance(seed)
         best = optimum(inst.fabrics, inst.gangs)
         fleet = [
@@ -227,7 +230,8 @@ def quality(count: int) -> None:
     for label, extra in (("on", ""), ("off", "defrag_max_moves: 0")):
         optimal = 0
         got = best_sum = 0
-        for seed in staggered:
+        what = f"staggered instances in the twin, defragmentation {label}"
+        for seed in steps(staggered, len(staggered), what):
             phases, _ = judge(instance(seed), extra)
             optimal += all(p.optimal for p in phases)
             got += sum(p.got[0] for p in phases)

@@ -39,6 +39,8 @@ from urllib.parse import parse_qs, urlparse
 
 import httpx
 
+from bench_progress import step
+
 MODEL = "bench"
 START_DEADLINE_S = 60.0
 
@@ -202,6 +204,7 @@ def main() -> int:
         procs = Procs(Path(tmp))
         feed: ThreadingHTTPServer | None = None
         try:
+            step(f"starting {args.engines} sim engines and a router")
             ports = [free_port() for _ in range(args.engines)]
             engines = [f"http://127.0.0.1:{port}" for port in ports]
             for i, port in enumerate(ports):
@@ -241,6 +244,8 @@ def main() -> int:
             print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             for stream in (False, True):
                 for level in levels:
+                    mode = "stream" if stream else "whole"
+                    step(f"{mode}, {level} in flight: the engines directly, then the router")
                     cells = [
                         asyncio.run(
                             run_cell(

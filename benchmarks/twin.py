@@ -51,6 +51,7 @@ from llmgw_twin.units import fmt_duration, parse_duration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_progress import step
 from fleet import fleet_scenario
 
 CONTROL_LATENCY_MS = 2
@@ -119,12 +120,15 @@ def fleet_rows(sizes: list[int], virtuals: list[int], repeats: int, budget: floa
                 print(f"{nodes:>7} {label:>8}   skipped: about {estimate:.0f} s a run")
                 continue
             scenario = steady(nodes, virtual)
+            step(f"steady fleet, {nodes} nodes, {label} virtual: the twin x{repeats}")
             twin = repeat(partial(twin_seconds, scenario), repeats)
             beat = "skipped"
             if per_beat_rate is None or per_beat_rate * virtual <= budget:
+                step(f"steady fleet, {nodes} nodes, {label} virtual: one event per heartbeat")
                 beat_s = twin_seconds(scenario, bulk=False)
                 per_beat_rate = beat_s / virtual
                 beat = f"{beat_s:.2f} s"
+            step(f"steady fleet, {nodes} nodes, {label} virtual: bare SimPy x{repeats}")
             bare = repeat(
                 partial(bare_seconds, nodes, virtual, scenario.timings, scenario.seed), repeats
             )
@@ -156,6 +160,7 @@ def core_rows(sizes: list[int], repeats: int) -> None:
     print("control core alone (min / median)")
     print(f"{'nodes':>7} {'steady tick':>20} {'one placement':>20} {'whole fleet placed':>22}")
     for nodes in sizes:
+        step(f"control core alone, {nodes} nodes")
         rows = core_row(nodes, repeats)
         print(
             f"{nodes:>7} "
@@ -211,6 +216,7 @@ def core_row(nodes: int, repeats: int) -> list[tuple[float, float]]:
 def memory_rows(sizes: list[int]) -> None:
     print("peak memory of a 10-minute twin run (tracemalloc)")
     for nodes in sizes:
+        step(f"peak memory, {nodes} nodes, 10 min virtual")
         tracemalloc.start()
         run_scenario(steady(nodes, 600_000))
         _, peak = tracemalloc.get_traced_memory()
