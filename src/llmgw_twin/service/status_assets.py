@@ -13,7 +13,7 @@ SCRIPT = r"""
 'use strict';
 (() => {
   const POLL_MS = 2000, MAX_DELAY_MS = 30000, TIMEOUT_MS = 10000; // poll, back-off cap, a read
-  const EVENTS_SHOWN = 100, EVENTS_PAGE = 1000;
+  const EVENTS_SHOWN = 100, EVENTS_PAGE = 5000;
   const KEY = 'llmgw-twin.admin-token';
   const TOKEN_RE = /^[\x21-\x7e]{1,256}$/;
   const authRequired = document.body.dataset.auth === 'required';
@@ -48,6 +48,7 @@ SCRIPT = r"""
     const d = new Date(ms);
     return d.toTimeString().slice(0, 8) + '.' + String(d.getMilliseconds()).padStart(3, '0');
   }
+  const plural = (n, what) => n + ' ' + what + (n === 1 ? '' : 's');
   const natural = (a, b) => String(a).localeCompare(String(b), 'en', {numeric: true});
 
   // Keep `box`'s children one per item, in order, keyed: existing elements are updated in place.
@@ -134,7 +135,7 @@ SCRIPT = r"""
     for (let i = 0; i < 400; i++) { // the whole log (at most 200,000) on the first poll
       const page = await getJson('/v1/admin/events?after=' + after + '&limit=' + EVENTS_PAGE);
       if (origin !== null && page.origin_monotonic_ns !== origin) {
-        forgetEvents(); // another controller process: its log starts over
+        forgetEvents(); // another controller process: read its log again, from the start
         continue;
       }
       origin = page.origin_monotonic_ns;
@@ -264,11 +265,11 @@ SCRIPT = r"""
     const used = s.nodes.reduce((a, n) => a + usedOf(n), 0);
     const failed = s.nodes.reduce((a, n) => a + n.failed_gpus.length, 0);
     const chips = [
-      ['nodes', s.nodes.length + ' nodes' + (s.nodes.length ? ': ' : '')
+      ['nodes', plural(s.nodes.length, 'node') + (s.nodes.length ? ': ' : '')
         + count(s.nodes, (n) => n.state || 'unknown')],
-      ['fabrics', s.fabrics.length + ' fabrics'],
+      ['fabrics', plural(s.fabrics.length, 'fabric')],
       ['gpus', 'GPUs ' + used + ' / ' + total + ' in use, ' + failed + ' failed'],
-      ['replicas', replicas.length + ' replicas' + (replicas.length ? ': ' : '')
+      ['replicas', plural(replicas.length, 'replica') + (replicas.length ? ': ' : '')
         + count(replicas, (r) => r.state)],
     ];
     sync($('summary'), chips, (c) => c[0], () => el('span', 'chip'), (e, c) => setText(e, c[1]));
@@ -298,13 +299,13 @@ SCRIPT = r"""
     setText(box.querySelector('.name'), f.fabric);
     const total = members.reduce((a, n) => a + n.gpu_count, 0);
     const used = members.reduce((a, n) => a + usedOf(n), 0);
-    setText(box.querySelector('.meta'), members.length + ' nodes, ' + used + ' / ' + total
+    setText(box.querySelector('.meta'), plural(members.length, 'node') + ', ' + used + ' / ' + total
       + ' GPUs in use');
     sync(box.querySelector('tbody'), members, (n) => n.node, makeNode, updateNode);
   }
   function makeNode() {
     const tr = row(7);
-    tr.children[1].appendChild(el('span'));
+    tr.children[1].append(el('span'), el('span', 'flags'));
     tr.children[2].appendChild(el('span'));
     tr.children[5].appendChild(el('div', 'strip'));
     return tr;
@@ -315,6 +316,8 @@ SCRIPT = r"""
     tr.dataset.health = health;
     setText(tr.children[0], n.node);
     badge(tr.children[1].firstChild, 'health', health);
+    const flags = ['cordoned', 'draining'].filter((flag) => n[flag] === true);
+    setText(tr.children[1].lastChild, flags.map((flag) => ' ' + flag).join(''));
     badge(tr.children[2].firstChild, 'link', n.fabric_link_up ? 'up' : 'down');
     setText(tr.children[3], usedOf(n) + ' / ' + n.gpu_count);
     setText(tr.children[4], n.failed_gpus.length);
@@ -333,7 +336,9 @@ SCRIPT = r"""
     if (!tr.children[2].firstChild) tr.children[2].appendChild(el('span'));
     setText(tr.children[0], r.replica);
     setText(tr.children[1], r.model);
-    badge(tr.children[2].firstChild, 'state', r.state);
+    const cut = r.state === 'ready' && r.routable === false; // out of routing, still ready
+    setClass(tr.children[2].firstChild, 'badge state-' + (cut ? 'degraded' : r.state));
+    setText(tr.children[2].firstChild, cut ? 'ready, unroutable' : r.state);
     setText(tr.children[3], r.fabric || '');
     setText(tr.children[4], (r.nodes || []).join(', '));
     const up = (r.shards || []).filter((x) => x.state === 'running' || x.state === 'serving');

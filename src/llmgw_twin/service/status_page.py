@@ -68,6 +68,7 @@ th { font-weight: 600; color: #5a6275; font-size: 12px; }
   background: #fff; }
 .gpu-used { background: #4c7ef0; border-color: #2f5fcc; }
 .gpu-failed { background: #e5484d; border-color: #a11b20; }
+.flags { color: #7a5500; font-size: 12px; }
 .reason { color: #a11b20; max-width: 520px; overflow-wrap: anywhere; }
 #pending li { margin: 3px 0; }
 #events { list-style: none; padding: 0; margin: 0; background: #fff; border: 1px solid #dde1e8;
