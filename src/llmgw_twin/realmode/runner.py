@@ -59,6 +59,9 @@ from llmgw_twin.units import fmt_ms
 POLL_S = 0.1
 """How often the run reads the controller's event log and state (and probes the router)."""
 REGISTER_DEADLINE_S = 60.0
+QUIET_S = 15.0
+"""After this long without a progress line, the run says where it stands (a long quiet stretch
+of a scenario, or a controller that is down, would print nothing for minutes)."""
 SUPPORTED = (
     KillNode,
     CrashNode,
@@ -115,7 +118,14 @@ Progress = Callable[[str], None]
 class RealRun:
     def __init__(self, scenario: Scenario, workdir: Path, progress: Progress | None = None) -> None:
         self.scenario = scenario
-        self.progress = progress or (lambda _line: None)
+        shown = progress or (lambda _line: None)
+        self._said_at = time.monotonic()
+
+        def say(line: str) -> None:
+            self._said_at = time.monotonic()
+            shown(line)
+
+        self.progress: Progress = say
         self.cluster = RealCluster(scenario, workdir, free_port())
         self.trace: list[TraceEvent] = []
         self.faults: list[TraceEvent] = []
@@ -291,6 +301,9 @@ class RealRun:
             state = await self._state(client)
             if state is not None:
                 await self.checks.observe(self.now_ms(), state, client)
+            if time.monotonic() - self._said_at >= QUIET_S:
+                at, end = fmt_ms(self.now_ms()), fmt_ms(self.scenario.duration_ms)
+                self.progress(f"+{at} of {end}, running, nothing new")
             await asyncio.sleep(POLL_S)
 
     async def _collect(self, client: httpx.AsyncClient) -> None:
@@ -399,6 +412,7 @@ def run_real(
             try:
                 await run.run()
             finally:
+                run.progress("stopping every process the run started")
                 left = await run.cluster.stop_all()
             return left
 

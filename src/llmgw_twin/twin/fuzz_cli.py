@@ -5,9 +5,10 @@
 Each seed is one generated scenario run in the twin (`twin.fuzz`). `--jobs 1` runs them in
 this process (what a test that plants a bug with monkeypatch needs); more jobs fan batches of
 seeds out over a `ProcessPoolExecutor` (default: one process per CPU); `--ray ADDRESS` sends the
-same batches to a Ray cluster as tasks (`--ray local` starts one on this machine). A progress
-bar goes to stderr; at the end a summary: seeds, failures, and how often each fault kind, event
-kind and recovery path was exercised. Every failing seed prints the command that replays it and
+same batches to a Ray cluster as tasks (`--ray local` starts one on this machine). Progress
+goes to stderr (`Progress`: seeds done, failures so far, ETA), never to stdout; at the end a
+summary: seeds, failures, and how often each fault kind, event kind and recovery path was
+exercised. Every failing seed prints the command that replays it and
 its trace hash, and its shrunk scenario is written to `--out` (default ./fuzz-failures/).
 
 Exit status: 0 no seed failed, 1 one did, 2 bad arguments.
@@ -21,10 +22,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from llmgw_twin.twin.fuzz import Coverage, SeedResult, check_batch
 from llmgw_twin.units import fmt_duration
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where shrunk scenarios of failing seeds go (default ./fuzz-failures/)",
     )
     parser.add_argument(
-        "--quiet", "-q", action="store_true", help="no progress bar, one summary line"
+        "--quiet", "-q", action="store_true", help="no progress on stderr, one summary line"
     )
 
 
@@ -124,19 +125,86 @@ def run_ray(seeds: range, address: str) -> Iterator[list[SeedResult]]:
             ray.shutdown()
 
 
-def _progress(total: int, quiet: bool) -> Callable[[int], None]:
-    if quiet:
-        return lambda _n: None
-    from tqdm import tqdm  # type: ignore[import-untyped]
+PLAIN_EVERY_S = 10.0
+"""With stderr not a terminal (a CI log, a pipe), a progress line this often at most, one at the
+start and one at the end."""
+TTY_FORMAT = (
+    "fuzz: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} seeds{postfix} "
+    "[{elapsed}<{remaining}, {rate_fmt}]"
+)
+LINE_FORMAT = (
+    "fuzz: {n_fmt}/{total_fmt} seeds ({percentage:.0f}%){postfix}; "
+    "{elapsed} elapsed, ETA {remaining}, {rate_fmt}"
+)
+SHOWN_FAILURES = 5
+"""How many failing seeds a progress line names (the rest as "...")."""
 
-    bar = tqdm(total=total, unit="seed", file=sys.stderr, dynamic_ncols=True, leave=False)
 
-    def advance(n: int) -> None:
-        bar.update(n)
-        if bar.n >= total:
-            bar.close()
+class _Discard:
+    """tqdm's file when the lines are printed here: tqdm still keeps the clock and the rate."""
 
-    return advance
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+class Progress:
+    """Seeds done of the total, failures so far, elapsed time and ETA, on stderr and nowhere
+    else (stdout is the report's): a tqdm bar when stderr is a terminal, else a plain line at
+    the start, at most every `PLAIN_EVERY_S` and at the end. The clock is tqdm's: this module
+    reads none itself (the twin's import contract)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.failed: list[int] = []
+        self.bar: Any = tqdm(
+            total=total,
+            unit="seed",
+            smoothing=0,  # the average since the start: a steadier ETA than the last batches'
+            postfix=self._failures(),
+            bar_format=TTY_FORMAT if self.tty else LINE_FORMAT,
+            file=self.stream if self.tty else _Discard(),
+            dynamic_ncols=self.tty,
+            leave=False,
+        )
+        self._shown_at: float | None = None
+        self._shown_n = -1
+        if not self.tty:
+            self._line()
+
+    def _failures(self) -> str:
+        if not self.failed:
+            return "0 failed"
+        seeds = ", ".join(map(str, sorted(self.failed)[:SHOWN_FAILURES]))
+        more = ", ..." if len(self.failed) > SHOWN_FAILURES else ""
+        return f"{len(self.failed)} failed ({seeds}{more})"
+
+    def _line(self) -> None:
+        self._shown_at = float(self.bar.format_dict["elapsed"])
+        self._shown_n = self.bar.n
+        print(str(self.bar), file=self.stream, flush=True)
+
+    def advance(self, batch: list[SeedResult]) -> None:
+        failed = [r.seed for r in batch if not r.verdict.passed]
+        if failed:
+            self.failed += failed
+            self.bar.set_postfix_str(self._failures(), refresh=False)
+        self.bar.update(len(batch))
+        if self.tty:
+            return
+        since = float(self.bar.format_dict["elapsed"]) - (self._shown_at or 0.0)
+        if self.bar.n >= self.bar.total or since >= PLAIN_EVERY_S:
+            self._line()
+
+    def close(self) -> None:
+        if not self.tty and self._shown_n != self.bar.n:  # stopped early: say how far it got
+            self._line()
+        self.bar.close()
 
 
 def report_failure(r: SeedResult, out: Path) -> list[str]:
@@ -169,11 +237,16 @@ def sweep(
 ) -> list[SeedResult]:
     """Every seed's result, in seed order, whichever way they ran."""
     results: list[SeedResult] = []
-    advance = _progress(len(seeds), quiet)
-    source = run_ray(seeds, ray_address) if ray_address else run_local(seeds, jobs)
-    for batch in source:
-        results.extend(batch)
-        advance(len(batch))
+    progress = None if quiet else Progress(len(seeds))
+    try:
+        source = run_ray(seeds, ray_address) if ray_address else run_local(seeds, jobs)
+        for batch in source:
+            results.extend(batch)
+            if progress is not None:
+                progress.advance(batch)
+    finally:
+        if progress is not None:
+            progress.close()
     return sorted(results, key=lambda r: r.seed)
 
 
