@@ -1,6 +1,6 @@
 """`llmgw-twin`: the command line.
 
-    llmgw-twin run FILE... [--json] [--seed N] [--quiet]
+    llmgw-twin run FILE... [--json] [--seed N] [--quiet] [--html PATH]
     llmgw-twin run --real [--time-scale F] [--tolerance D] [--compare] FILE...
     llmgw-twin sim-engine ...            the runnable sim engine (see `sim-engine --help`)
     llmgw-twin ctl engine-check ...      check launch flags against an engine's own --help
@@ -26,6 +26,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -95,6 +96,12 @@ def _run_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="one JSON report per file, one per line")
     run.add_argument("--seed", type=int, help="override the scenarios' seed")
     run.add_argument("--quiet", "-q", action="store_true", help="print only the verdict lines")
+    run.add_argument(
+        "--html",
+        metavar="PATH",
+        help="also write each run's HTML page (docs/reports.md): PATH is the page, or a "
+        "directory that gets one page per FILE, named after it (several FILEs need a directory)",
+    )
     run.add_argument(
         "--real", action="store_true", help="run on real processes on this machine (real mode)"
     )
@@ -179,16 +186,43 @@ def cmd_run_real(args: argparse.Namespace) -> int:
     return worst
 
 
+def _html_pages(html: str | None, files: Sequence[str], real: bool) -> list[Path] | str:
+    """Where `run --html` writes each file's page (none without --html), or why it cannot."""
+    if html is None:
+        return []
+    target = Path(html)
+    try:
+        is_dir = target.is_dir()
+        parent_is_dir = is_dir or target.parent.is_dir()
+    except OSError as e:
+        return str(e.strerror or e)
+    pages = [target / f"{Path(f).stem}.html" if is_dir else target for f in files]
+    if real:
+        return "a page is made of a twin run only (drop --real)"
+    if not parent_is_dir:
+        return f"{target.parent} is not a directory"
+    if not is_dir and len(files) > 1:
+        return "several FILEs need an existing directory, to hold a page for each"
+    if len(set(pages)) < len(pages):
+        return "two FILEs of the same name would get the same page"
+    return pages
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    pages = _html_pages(args.html, args.files, args.real)
+    if isinstance(pages, str):
+        print(f"error: --html {args.html}: {pages}", file=sys.stderr)
+        return EXIT_INVALID
     if args.real:
         return cmd_run_real(args)
     # imported here: an engine or an agent started through this CLI never pays for the twin
+    from llmgw_twin.twin.html_report import render_html
     from llmgw_twin.twin.loader import ScenarioError, load_scenario
     from llmgw_twin.twin.report import timeline, to_json, verdict
     from llmgw_twin.twin.runner import UnsupportedScenario, run_scenario
 
     worst = EXIT_OK
-    for path in args.files:
+    for index, path in enumerate(args.files):
         doing = "loading"
         try:
             scenario = load_scenario(path)
@@ -212,6 +246,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(timeline(result, wall_ms))
         if not result.passed:
             worst = max(worst, EXIT_FAILED)
+        if pages:
+            page = pages[index]
+            try:
+                page.write_text(render_html(result), encoding="utf-8")
+            except OSError as e:
+                print(f"error: --html: cannot write {page}: {e.strerror or e}", file=sys.stderr)
+                worst = max(worst, EXIT_INVALID)
+            except Exception as e:  # a page that cannot be made is this file's problem alone
+                print(_cannot(path, "making the page of", e), file=sys.stderr)
+                worst = max(worst, EXIT_INVALID)
     return worst
 
 
