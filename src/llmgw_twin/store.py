@@ -24,6 +24,8 @@ from typing import TypeVar, assert_never
 
 from llmgw_twin import codec
 from llmgw_twin.core.durable import (
+    DeleteCordon,
+    DeleteDeployment,
     DeleteFailedGpu,
     DeleteNode,
     DeleteQuarantine,
@@ -31,6 +33,7 @@ from llmgw_twin.core.durable import (
     DeleteSilence,
     DurableState,
     PutClock,
+    PutCordon,
     PutDeployment,
     PutFailedGpu,
     PutNode,
@@ -79,6 +82,10 @@ MIGRATIONS: tuple[str, ...] = (
     # the newest events, so that they outlive the process
     """
     CREATE TABLE events (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
+    """,
+    # 6: the operator's cordons (draining: 1 while its replicas are moved off the node)
+    """
+    CREATE TABLE cordons (node TEXT PRIMARY KEY, draining INTEGER NOT NULL);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -161,53 +168,7 @@ class Store:
                 )
                 db.execute("DELETE FROM events WHERE seq < ?", (end - self.events_kept,))
             for w in batch:
-                match w:
-                    case PutProfile(profile=p):
-                        db.execute(
-                            "INSERT OR REPLACE INTO profiles VALUES (?, ?)",
-                            (p.name, codec.dumps(p)),
-                        )
-                    case PutDeployment(deployment=d):
-                        db.execute(
-                            "INSERT OR REPLACE INTO deployments VALUES (?, ?)",
-                            (d.model, codec.dumps(d)),
-                        )
-                    case PutNode(info=n):
-                        db.execute(
-                            "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
-                            (n.node, codec.dumps(n)),
-                        )
-                    case DeleteNode(node=gone):
-                        for table in ("nodes", "failed_gpus", "silence", "quarantines"):
-                            db.execute(f"DELETE FROM {table} WHERE node = ?", (gone,))  # noqa: S608
-                    case PutReplica(row=r):
-                        db.execute(
-                            "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
-                            (r.id, r.model, codec.dumps(r)),
-                        )
-                    case DeleteReplica(replica=rid):
-                        db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
-                    case PutSeq(model=m, seq=s):
-                        db.execute("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (m, s))
-                    case PutFailedGpu(node=n, gpu=g):
-                        db.execute("INSERT OR REPLACE INTO failed_gpus VALUES (?, ?)", (n, g))
-                    case DeleteFailedGpu(node=n, gpu=g):
-                        db.execute("DELETE FROM failed_gpus WHERE node = ? AND gpu = ?", (n, g))
-                    case PutSilence(node=n, since_ms=since):
-                        db.execute("INSERT OR REPLACE INTO silence VALUES (?, ?)", (n, since))
-                    case DeleteSilence(node=n):
-                        db.execute("DELETE FROM silence WHERE node = ?", (n,))
-                    case PutQuarantine(row=q):
-                        db.execute(
-                            "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?)",
-                            (q.node, q.profile, codec.dumps(q)),
-                        )
-                    case DeleteQuarantine(node=n, profile=p):
-                        db.execute("DELETE FROM quarantines WHERE node = ? AND profile = ?", (n, p))
-                    case PutClock(now_ms=t):
-                        db.execute("INSERT OR REPLACE INTO clock VALUES (0, ?)", (t,))
-                    case _:
-                        assert_never(w)
+                _apply_write(db, w)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -308,6 +269,10 @@ class Store:
             silent=silent,
             quarantines=tuple(quarantines),
             clock_ms=int(clock[0]) if clock is not None else 0,
+            cordons=tuple(
+                (NodeId(n), bool(d))
+                for n, d in db.execute("SELECT node, draining FROM cordons ORDER BY node")
+            ),
         )
 
 
@@ -329,3 +294,60 @@ def _event_of(text: str) -> TraceEvent:
         raise ValueError("expected t_ms (an integer), kind (a string) and subjects (an object)")
     pairs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in subjects.items()))
     return TraceEvent(t_ms, kind, pairs)
+
+
+def _apply_write(db: sqlite3.Connection, w: Write) -> None:
+    """One durable write, inside the caller's transaction."""
+    match w:
+        case PutProfile(profile=p):
+            db.execute(
+                "INSERT OR REPLACE INTO profiles VALUES (?, ?)",
+                (p.name, codec.dumps(p)),
+            )
+        case PutDeployment(deployment=d):
+            db.execute(
+                "INSERT OR REPLACE INTO deployments VALUES (?, ?)",
+                (d.model, codec.dumps(d)),
+            )
+        case PutNode(info=n):
+            db.execute(
+                "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
+                (n.node, codec.dumps(n)),
+            )
+        case DeleteNode(node=gone):
+            for table in ("nodes", "failed_gpus", "silence", "quarantines"):
+                db.execute(f"DELETE FROM {table} WHERE node = ?", (gone,))  # noqa: S608
+        case PutReplica(row=r):
+            db.execute(
+                "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
+                (r.id, r.model, codec.dumps(r)),
+            )
+        case DeleteReplica(replica=rid):
+            db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
+        case PutSeq(model=m, seq=s):
+            db.execute("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (m, s))
+        case PutFailedGpu(node=n, gpu=g):
+            db.execute("INSERT OR REPLACE INTO failed_gpus VALUES (?, ?)", (n, g))
+        case DeleteFailedGpu(node=n, gpu=g):
+            db.execute("DELETE FROM failed_gpus WHERE node = ? AND gpu = ?", (n, g))
+        case PutSilence(node=n, since_ms=since):
+            db.execute("INSERT OR REPLACE INTO silence VALUES (?, ?)", (n, since))
+        case DeleteSilence(node=n):
+            db.execute("DELETE FROM silence WHERE node = ?", (n,))
+        case PutQuarantine(row=q):
+            db.execute(
+                "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?)",
+                (q.node, q.profile, codec.dumps(q)),
+            )
+        case DeleteQuarantine(node=n, profile=p):
+            db.execute("DELETE FROM quarantines WHERE node = ? AND profile = ?", (n, p))
+        case PutClock(now_ms=t):
+            db.execute("INSERT OR REPLACE INTO clock VALUES (0, ?)", (t,))
+        case DeleteDeployment(model=m):
+            db.execute("DELETE FROM deployments WHERE model = ?", (m,))
+        case PutCordon(node=n, draining=draining):
+            db.execute("INSERT OR REPLACE INTO cordons VALUES (?, ?)", (n, draining))
+        case DeleteCordon(node=n):
+            db.execute("DELETE FROM cordons WHERE node = ?", (n,))
+        case _:
+            assert_never(w)

@@ -29,13 +29,11 @@ from typing import assert_never
 
 from llmgw_twin.core.assignments import Assignments
 from llmgw_twin.core.defrag import Defragmenter
+from llmgw_twin.core.drain import Drainer
 from llmgw_twin.core.durable import (
-    DeleteFailedGpu,
     DeleteQuarantine,
     DurableState,
     PutClock,
-    PutDeployment,
-    PutProfile,
     PutSilence,
 )
 from llmgw_twin.core.failures import FailureBook
@@ -57,6 +55,7 @@ from llmgw_twin.core.model import (
     Timings,
 )
 from llmgw_twin.core.nodes import NodeRegistry
+from llmgw_twin.core.operator import Operator
 from llmgw_twin.core.outbox import Outbox
 from llmgw_twin.core.placement import CapacityIndex
 from llmgw_twin.core.protocol import (
@@ -68,8 +67,11 @@ from llmgw_twin.core.protocol import (
     ControllerCommand,
     ControllerEvent,
     ControllerLagged,
+    CordonNode,
+    DrainNode,
     Heartbeat,
     NodeRegistered,
+    RemoveDeployment,
     RequestReport,
     Step,
 )
@@ -114,6 +116,10 @@ class Controller:
         self._fleet.life = self._life
         self._defrag = Defragmenter(
             self._life, self._fleet.node_ok, lambda: not self._fleet.guard.held
+        )
+        self._drain = Drainer(self._life, self._defrag, self._fleet.node_ok)
+        self._operator = Operator(
+            self._life, self._profiles, self._deployments, self._failures, self._drain
         )
         self._clock_written_ms: int | None = None
         self._started_reported = True  # start() arms the controller.started report
@@ -178,6 +184,31 @@ class Controller:
         """GPUs a defragmentation holds for the replica it makes room for, per node."""
         return self._defrag.held
 
+    @property
+    def drains(self) -> Drainer:
+        """Cordoned and draining nodes, and the drain moves in flight (read-only by convention)."""
+        return self._drain
+
+    @property
+    def capacity(self) -> CapacityIndex:
+        """Free, booked and failed GPUs per node (read-only by convention: `explain` reads it)."""
+        return self._capacity
+
+    def pending_ids(self) -> list[ReplicaId]:
+        return list(self._replicas.pending)
+
+    def heard(self, node: NodeId) -> bool:
+        """Heard from since this controller started."""
+        return node in self._fleet.heard_nodes
+
+    def excluded(self, profile: Profile) -> frozenset[NodeId]:
+        """Nodes a new replica of `profile` must not use now (quarantined, or not heard since
+        a failure)."""
+        return self._failures.excluded(profile.name)
+
+    def profile(self, name: ProfileName) -> Profile | None:
+        return self._profiles.get(name)
+
     # --- bulk heartbeats: a shell that accounts for quiet heartbeats itself (the twin) --------
 
     def settled(self, node: NodeId) -> bool:
@@ -216,37 +247,16 @@ class Controller:
                 self._fleet.link(node, event.fabric_up)
                 self._fleet.gpus_failed(node, event.failed_gpus)
                 self._observe(node, shards)
-            case ApplyProfile(profile=profile):
-                self._profiles[profile.name] = profile
-                self._out.write(PutProfile(profile))
-            case ApplyDeployment(deployment=dep):
-                if dep.profile not in self._profiles:
-                    raise ValueError(f"deployment {dep.model}: unknown profile {dep.profile}")
-                self._deployments[dep.model] = dep
-                self._replicas.track_model(dep.model)
-                self._out.write(PutDeployment(dep))
-            case ClearFailedGpu(node=node, gpu=gpu):
-                if not self._capacity.has_node(node) or not self._capacity.clear_failed_gpu(
-                    node, gpu
-                ):
-                    raise ValueError(f"GPU {gpu} of node {node} is not marked failed")
-                self._out.write(DeleteFailedGpu(node, gpu))
-                self._out.emit("gpu.cleared", node=node, gpu=gpu)
-                self._life.placement_due = True
-            case ClearQuarantine(node=node, profile=profile):
-                rows = self._failures.clear(node, profile)
-                if not rows:
-                    what = f" for profile {profile}" if profile is not None else ""
-                    raise ValueError(f"node {node} is not quarantined{what}")
-                for q in rows:
-                    self._out.write(DeleteQuarantine(q.node, q.profile))
-                    self._out.emit(
-                        "node.unquarantined",
-                        node=q.node,
-                        profile=q.profile,
-                        reason="cleared by the operator",
-                    )
-                self._life.placement_due = True
+            case (
+                ApplyProfile()
+                | ApplyDeployment()
+                | ClearFailedGpu()
+                | ClearQuarantine()
+                | RemoveDeployment()
+                | CordonNode()
+                | DrainNode()
+            ):
+                self._operator.handle(event)
             case ControllerLagged(lag_ms=lag_ms):
                 if lag_ms <= 0:
                     raise ValueError("a lag is a positive number of milliseconds")
@@ -297,6 +307,7 @@ class Controller:
             if self._capacity.has_node(node):
                 self._capacity.fail_gpu(node, gpu)
         self._failures.restore(state.quarantines)
+        self._drain.restore(state.cordons)
         for row in state.replicas:
             profile = self._profiles[row.profile]
             rec = ReplicaRecord(row.id, row.model, profile, row.seq, row.created_ms)
@@ -338,9 +349,12 @@ class Controller:
             if rid in dirty:
                 self._life.reconcile_replica(rid)
         dirty.clear()
+        if self._replicas.dirty_models:
+            self._drain.relink()
         for model in sorted(self._replicas.dirty_models):
             self._life.reconcile_deployment(model)
         self._replicas.dirty_models.clear()
+        self._drain.run()
         if self._replicas.pending and self._life.placement_due:
             self._life.place_pending()
             self._defrag.due = True

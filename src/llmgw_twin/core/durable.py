@@ -67,6 +67,13 @@ class PutDeployment:
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteDeployment:
+    """The operator deleted the deployment: its replicas are retired."""
+
+    model: ModelName
+
+
+@dataclass(frozen=True, slots=True)
 class PutNode:
     info: NodeInfo
 
@@ -133,6 +140,20 @@ class DeleteQuarantine:
 
 
 @dataclass(frozen=True, slots=True)
+class PutCordon:
+    """The operator cordoned `node` (nothing new is placed on it); `draining`: and its replicas
+    are moved off it, make-before-break."""
+
+    node: NodeId
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCordon:
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
 class PutClock:
     """The controller was running at `now_ms` (written at most once per heartbeat interval)."""
 
@@ -142,6 +163,7 @@ class PutClock:
 Write = (
     PutProfile
     | PutDeployment
+    | DeleteDeployment
     | PutNode
     | DeleteNode
     | PutReplica
@@ -153,6 +175,8 @@ Write = (
     | DeleteSilence
     | PutQuarantine
     | DeleteQuarantine
+    | PutCordon
+    | DeleteCordon
     | PutClock
 )
 
@@ -171,6 +195,8 @@ class DurableState:
     """(node, silent since) for every node not heard since that time."""
     quarantines: tuple[QuarantineRow, ...] = ()
     clock_ms: int = 0
+    cordons: tuple[tuple[NodeId, bool], ...] = ()
+    """(node, draining) for every node the operator cordoned (kept across its forgetting)."""
 
     def apply(self, writes: tuple[Write, ...] | list[Write]) -> DurableState:
         profiles = {p.name: p for p in self.profiles}
@@ -181,6 +207,7 @@ class DurableState:
         failed = set(self.failed_gpus)
         silent = dict(self.silent)
         quarantines = {(q.node, q.profile): q for q in self.quarantines}
+        cordons = dict(self.cordons)
         clock = self.clock_ms
         for w in writes:
             match w:
@@ -188,6 +215,8 @@ class DurableState:
                     profiles[p.name] = p
                 case PutDeployment(deployment=d):
                     deployments[d.model] = d
+                case DeleteDeployment(model=m):
+                    deployments.pop(m, None)
                 case PutNode(info=n):
                     nodes[n.node] = n
                 case DeleteNode(node=gone):
@@ -213,6 +242,10 @@ class DurableState:
                     quarantines[(q.node, q.profile)] = q
                 case DeleteQuarantine(node=n, profile=p):
                     quarantines.pop((n, p), None)
+                case PutCordon(node=n, draining=draining):
+                    cordons[n] = draining
+                case DeleteCordon(node=n):
+                    cordons.pop(n, None)
                 case PutClock(now_ms=t):
                     clock = t
                 case _:
@@ -228,6 +261,7 @@ class DurableState:
             silent=tuple(sorted(silent.items())),
             quarantines=tuple(quarantines[k] for k in sorted(quarantines)),
             clock_ms=clock,
+            cordons=tuple(sorted(cordons.items())),
         )
 
     def node_ids(self) -> list[NodeId]:

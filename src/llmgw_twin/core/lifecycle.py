@@ -112,6 +112,8 @@ class Lifecycle:
         self.placement_due = False
         """Something changed that may let a pending replica fit (capacity or a new replica)."""
         self.moves: MoveHooks = _NoMoves()
+        self.draining: Callable[[NodeId], bool] = lambda _node: False
+        """The operator is draining this node (`drain.Drainer`): its replicas go first."""
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self.replicas[rid]
@@ -195,8 +197,8 @@ class Lifecycle:
             counted.append(self.new_replica(dep))
         while len(counted) > want:
             # retire the least useful one at a time: one with a shard on a node not heard as
-            # alive, then unplaced, then not ready, then from the fabric holding the most
-            # replicas of this model, then the newest
+            # alive, then unplaced, then not ready, then on a node being drained, then from the
+            # fabric holding the most replicas of this model, then the newest
             per_fabric = self.replicas.per_fabric(model)
             victim = min(
                 counted,
@@ -204,6 +206,7 @@ class Lifecycle:
                     all(self.node_ok(n) for n in r.nodes),
                     r.placed,
                     r.state is ReplicaState.READY,
+                    not any(self.draining(n) for n in r.nodes),
                     -per_fabric.get(r.fabric, 0) if r.fabric is not None else 0,
                     -r.seq,
                 ),

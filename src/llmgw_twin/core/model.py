@@ -30,6 +30,10 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "node.quarantined",
     "node.unquarantined",
     "node.forgotten",
+    "node.cordoned",
+    "node.uncordoned",
+    "node.draining",
+    "node.drained",
     "gpu.failed",
     "gpu.cleared",
     "fleet.hold",
@@ -50,6 +54,7 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "replica.moving",
     "replica.moved",
     "replica.move_aborted",
+    "deployment.deleted",
     "controller.started",
 )
 """Every kind of event the control plane emits (docs/scenarios.md says what each means)."""

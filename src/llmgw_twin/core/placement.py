@@ -14,7 +14,8 @@ whose fabric link is up). Placing one replica of `n` nodes x `g` GPUs:
    replicas of the same deployment on the node, then the tightest fit, then the name.
 
 Invariants: a GPU index is in at most one of a node's free list, its booked set and its failed
-set; only schedulable nodes (registered and alive) appear in the buckets and histograms; a node
+set; only schedulable nodes (registered, alive, not cordoned) appear in the buckets and
+histograms; a node
 with no free GPU appears in neither.
 """
 
@@ -54,6 +55,8 @@ class _NodeCapacity:
     booked: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     schedulable: bool = False
+    cordoned: bool = False
+    """The operator took the node out of placement (`cordon`): it keeps what it runs."""
     link_up: bool = True
     """The node's fabric links are up: it may hold a shard of a multi-node replica."""
 
@@ -71,6 +74,7 @@ class CapacityIndex:
         self._caps: dict[tuple[FabricId, Shape], tuple[int, int]] = {}
         self._fits: dict[tuple[FabricId, Shape], tuple[int, int, int, tuple[int, ...]]] = {}
         self._rankings: dict[Shape, FitRanking] = {}
+        self._cordoned: set[NodeId] = set()  # kept across a node's forgetting and return
 
     # --- bookkeeping -------------------------------------------------------------------------
 
@@ -80,7 +84,7 @@ class CapacityIndex:
         if old is not None:
             self._unindex(old)
         free = [g for g in range(info.gpus) if old is None or g not in old.failed]
-        cap = _NodeCapacity(info, free)
+        cap = _NodeCapacity(info, free, cordoned=info.node in self._cordoned)
         if old is not None:
             cap.failed = {g for g in old.failed if g < info.gpus}
             cap.booked = {g for g in old.booked if g < info.gpus}
@@ -109,11 +113,28 @@ class CapacityIndex:
         cap = self._nodes[node]
         if cap.schedulable == schedulable:
             return
-        if cap.schedulable:
-            self._unindex(cap)
+        self._unindex(cap)
         cap.schedulable = schedulable
-        if schedulable:
+        self._index(cap)
+
+    def set_cordoned(self, node: NodeId, cordoned: bool) -> bool:
+        """Take a node out of placement, or put it back; returns whether that is news. A node
+        not registered (yet, or any more) is cordoned when it comes."""
+        if (node in self._cordoned) == cordoned:
+            return False
+        if cordoned:
+            self._cordoned.add(node)
+        else:
+            self._cordoned.discard(node)
+        cap = self._nodes.get(node)
+        if cap is not None:
+            self._unindex(cap)
+            cap.cordoned = cordoned
             self._index(cap)
+        return True
+
+    def cordoned(self) -> frozenset[NodeId]:
+        return frozenset(self._cordoned)
 
     def book(self, node: NodeId, gpus: tuple[int, ...]) -> None:
         cap = self._nodes[node]
@@ -186,13 +207,13 @@ class CapacityIndex:
         return tuple(sorted(self._nodes[node].booked))
 
     def _index(self, cap: _NodeCapacity) -> None:
-        if cap.schedulable and cap.free:
+        if cap.schedulable and not cap.cordoned and cap.free:
             fabric, free = cap.info.fabric, len(cap.free)
             bisect.insort(self._buckets[fabric].setdefault(free, []), cap.info.node)
             self._count(cap, free, +1)
 
     def _unindex(self, cap: _NodeCapacity) -> None:
-        if not (cap.schedulable and cap.free):
+        if not (cap.schedulable and not cap.cordoned and cap.free):
             return
         fabric, free = cap.info.fabric, len(cap.free)
         buckets = self._buckets[fabric]
@@ -236,8 +257,9 @@ class CapacityIndex:
         return value
 
     def nodes_of(self, fabric: FabricId) -> list[NodeId]:
-        """The schedulable nodes of `fabric`, by name."""
-        return sorted(n for n in self._members.get(fabric, ()) if self._nodes[n].schedulable)
+        """The schedulable (and not cordoned) nodes of `fabric`, by name."""
+        members = self._members.get(fabric, ())
+        return sorted(n for n in members if (c := self._nodes[n]).schedulable and not c.cordoned)
 
     def fabric_of(self, node: NodeId) -> FabricId | None:
         cap = self._nodes.get(node)
@@ -250,6 +272,7 @@ class CapacityIndex:
         return (
             cap is not None
             and cap.schedulable
+            and not cap.cordoned
             and shape.engine in cap.info.engines
             and (cap.link_up or not shape.linked)
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from llmgw_twin.core.durable import Write
 from llmgw_twin.core.model import (
     Deployment,
+    ModelName,
     NodeId,
     NodeInfo,
     Profile,
@@ -80,6 +81,30 @@ class ClearQuarantine:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoveDeployment:
+    """The operator deletes a deployment: every replica of it is retired and it is forgotten."""
+
+    model: ModelName
+
+
+@dataclass(frozen=True, slots=True)
+class CordonNode:
+    """The operator takes a node out of placement (`cordoned=False` puts it back; that also ends
+    a drain). What runs there keeps running."""
+
+    node: NodeId
+    cordoned: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DrainNode:
+    """The operator empties a node: it is cordoned, and each replica with a shard on it gets a
+    copy elsewhere; the original is retired once its copy is ready (make-before-break)."""
+
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerLagged:
     """The controller's own shell fell `lag_ms` behind (its event loop ran late: overloaded, or
     paused): heartbeats waited that long to be heard, so that long of every node's silence is
@@ -95,6 +120,9 @@ ControllerEvent = (
     | ApplyDeployment
     | ClearFailedGpu
     | ClearQuarantine
+    | RemoveDeployment
+    | CordonNode
+    | DrainNode
     | ControllerLagged
 )
 

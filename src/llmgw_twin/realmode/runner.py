@@ -37,7 +37,9 @@ from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import (
+    Cordon,
     CrashNode,
+    DeleteDeployment,
     EventExpectation,
     FabricDown,
     FailGpu,
@@ -54,7 +56,7 @@ from llmgw_twin.twin.scenario import (
     StateExpectation,
 )
 from llmgw_twin.twin.timescale import scale_scenario, widen
-from llmgw_twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms, fmt_offset
 
 POLL_S = 0.1
 """How often the run reads the controller's event log and state (and probes the router)."""
@@ -70,6 +72,8 @@ SUPPORTED = (
     KillEngine,
     RestartController,
     SetReplicas,
+    Cordon,
+    DeleteDeployment,
 )
 
 
@@ -134,7 +138,6 @@ class RealRun:
         self.outcomes: dict[int, Outcome] = {}
         self.t0 = 0.0
         self._after = 0
-        self._origin_ns: int | None = None
         self._deployments = {d.model: d for d in scenario.deployments}
         self._cuts: dict[NodeId, int] = {}
         self._pending: list[asyncio.TimerHandle] = []
@@ -225,7 +228,7 @@ class RealRun:
             self.now_ms(), "fault.injected", fault=fault.id, **fault_subjects(fault)
         )
         self.faults.append(event)
-        self.progress(f"+{fmt_ms(event.t_ms)} {event.kind} {describe(event)}")
+        self.progress(f"{fmt_offset(event.t_ms)} {event.kind} {describe(event)}")
         match fault.action:
             case KillNode(node=node):
                 await asyncio.to_thread(cluster.kill_node, node)
@@ -257,6 +260,10 @@ class RealRun:
                 task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+            case Cordon() | DeleteDeployment():
+                task = asyncio.create_task(self._operate(client, fault.action))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             case FailGpu() | FabricDown() | HangEngine():
                 raise AssertionError(f"real mode refuses {type(fault.action).__name__} up front")
             case _:
@@ -274,6 +281,24 @@ class RealRun:
                     return
             await asyncio.sleep(POLL_S)
         self.progress(f"set_replicas {model}={replicas} never reached the controller")
+
+    async def _operate(self, client: httpx.AsyncClient, action: Cordon | DeleteDeployment) -> None:
+        """An operator action through the admin API, retried while the API is down."""
+        base = self.cluster.controller_url
+        match action:
+            case Cordon(node=node, op="uncordon"):
+                method, url = "DELETE", f"{base}/v1/admin/nodes/{node}/cordon"
+            case Cordon(node=node, op=op):
+                method, url = "POST", f"{base}/v1/admin/nodes/{node}/{op}"
+            case DeleteDeployment(model=model):
+                method, url = "DELETE", f"{base}/v1/admin/deployments/{model}"
+        while self.now_ms() < self.scenario.duration_ms:
+            with contextlib.suppress(httpx.HTTPError):
+                r = await client.request(method, url)
+                if r.status_code == 200:
+                    return
+            await asyncio.sleep(POLL_S)
+        self.progress(f"{method} {url} never reached the controller")
 
     def _heal(self, nodes: tuple[NodeId, ...]) -> None:
         for node in nodes:  # overlapping partitions: the link heals with the last
@@ -310,19 +335,19 @@ class RealRun:
         body = await self._events(client, self._after)
         if body is None:
             return  # the controller is down or starting: its log is read when it is back
+        # the log's numbers go on across controller restarts (it is kept in the store); one that
+        # ends before where this reader was is a new store's: it is read from its start
+        if int(body["next"]) < self._after:
+            body = await self._events(client, 0)
+            if body is None:
+                return
         origin = int(body["origin_monotonic_ns"])
-        if origin != self._origin_ns:  # a new controller process: its log starts afresh
-            if self._after:
-                body = await self._events(client, 0)
-                if body is None or int(body["origin_monotonic_ns"]) != origin:
-                    return
-            self._origin_ns = origin
         base_ms = (origin / 1e9 - self.t0) * 1000
         for ev in body["events"]:
             wire = TraceEventW.model_validate(ev).to_core()
             t = round(base_ms + wire.t_ms)
             self.trace.append(TraceEvent(t, wire.kind, wire.subjects))
-            self.progress(f"+{fmt_ms(t)} {wire.kind} {describe(self.trace[-1])}")
+            self.progress(f"{fmt_offset(t)} {wire.kind} {describe(self.trace[-1])}")
         self._after = int(body["next"])
 
     async def _events(self, client: httpx.AsyncClient, after: int) -> dict[str, Any] | None:

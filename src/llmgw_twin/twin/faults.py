@@ -14,11 +14,19 @@ from __future__ import annotations
 from typing import assert_never
 
 from llmgw_twin.core.model import Deployment, FabricId, NodeId, TraceEvent
-from llmgw_twin.core.protocol import ApplyDeployment
+from llmgw_twin.core.protocol import (
+    ApplyDeployment,
+    ControllerEvent,
+    CordonNode,
+    DrainNode,
+    RemoveDeployment,
+)
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
+    Cordon,
     CrashNode,
+    DeleteDeployment,
     FabricDown,
     FailGpu,
     Fault,
@@ -70,6 +78,8 @@ def schedule_faults(
                 dep = deployments[model]
                 deployments[model] = Deployment(dep.model, dep.profile, replicas)
                 controller.operator(ApplyDeployment(deployments[model]))
+            case Cordon() | DeleteDeployment():
+                controller.operator(_operator_call(fault.action))
             case Partition(nodes=nodes, for_ms=for_ms):
                 for node in nodes:  # overlapping partitions: the link heals with the last
                     world.heartbeats.land(node)  # its heartbeats stop reaching the controller
@@ -115,6 +125,17 @@ def _restore(world: World, fabric: FabricId, downs: dict[FabricId, int]) -> None
             world.nodes[node].fabric_link(True)
 
 
+def _operator_call(action: Cordon | DeleteDeployment) -> ControllerEvent:
+    """The admin API call an operator action of a scenario is."""
+    match action:
+        case Cordon(node=node, op="drain"):
+            return DrainNode(node)
+        case Cordon(node=node, op=op):
+            return CordonNode(node, cordoned=op == "cordon")
+        case DeleteDeployment(model=model):
+            return RemoveDeployment(model)
+
+
 def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> None:
     for node in nodes:
         cuts[node] -= 1
@@ -128,6 +149,10 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
             return {"action": _action_name(fault), "node": node}
         case SetReplicas(model=model, replicas=replicas):
             return {"action": "set_replicas", "model": model, "replicas": replicas}
+        case Cordon(node=node, op=op):
+            return {"action": op, "node": node}
+        case DeleteDeployment(model=model):
+            return {"action": "delete_deployment", "model": model}
         case Partition(nodes=nodes):
             return {"action": "partition", "nodes": nodes}
         case KillEngine(node=node, replica_of=model) | HangEngine(node=node, replica_of=model):

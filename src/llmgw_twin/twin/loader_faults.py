@@ -25,7 +25,9 @@ from llmgw_twin.twin.loader_fleet import ReplicaTotals
 from llmgw_twin.twin.loader_limits import MAX_FAULTS, MAX_NAME_LEN, MAX_REPLICAS
 from llmgw_twin.twin.scenario import (
     FAULT_KEYS,
+    Cordon,
     CrashNode,
+    DeleteDeployment,
     FabricDown,
     FailGpu,
     Fault,
@@ -229,6 +231,10 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
         return CrashNode(known.node(value, where))
     if key == "restart_node":
         return RestartNode(known.node(value, where))
+    if key in ("cordon", "uncordon", "drain"):
+        return Cordon(known.node(value, where), key)
+    if key == "delete_deployment":
+        return DeleteDeployment(known.model(value, where))
     view = yn.MapView(value, where)
     view.check_keys(_ACTION_KEYS.get(key, ()))
 

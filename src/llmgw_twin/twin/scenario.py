@@ -85,6 +85,22 @@ class SetReplicas:
     replicas: int
 
 
+@dataclass(frozen=True, slots=True)
+class Cordon:
+    """An operator action beyond the contract's faults: `cordon: N`, `uncordon: N`, `drain: N`
+    (`op` is the key)."""
+
+    node: NodeId
+    op: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteDeployment:
+    """The operator deletes a deployment: `delete_deployment: MODEL`."""
+
+    model: ModelName
+
+
 FaultAction = (
     KillNode
     | CrashNode
@@ -96,6 +112,8 @@ FaultAction = (
     | FailGpu
     | FabricDown
     | SetReplicas
+    | Cordon
+    | DeleteDeployment
 )
 
 FAULT_KEYS: dict[str, type] = {
@@ -109,6 +127,10 @@ FAULT_KEYS: dict[str, type] = {
     "fail_gpu": FailGpu,
     "fabric_down": FabricDown,
     "set_replicas": SetReplicas,
+    "cordon": Cordon,
+    "uncordon": Cordon,
+    "drain": Cordon,
+    "delete_deployment": DeleteDeployment,
 }
 """The YAML key of each fault action."""
 

@@ -19,7 +19,9 @@ from typing import assert_never
 from llmgw_twin.core.model import Timings
 from llmgw_twin.twin.loader_limits import MAX_RATE_PER_S
 from llmgw_twin.twin.scenario import (
+    Cordon,
     CrashNode,
+    DeleteDeployment,
     EventExpectation,
     Expectation,
     FabricDown,
@@ -63,6 +65,8 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             | HangEngine()
             | FailGpu()
             | SetReplicas()
+            | Cordon()
+            | DeleteDeployment()
         ):
             return action  # instantaneous: only its time moves, and `at_ms` is scaled apart
         case _:
