@@ -147,6 +147,11 @@ def fmt_ms(ms: int) -> str:
     return f"{sign}{seconds}.{millis:03d}s"
 
 
+def fmt_offset(ms: int) -> str:
+    """An instant from a run's start, or a difference, always signed: `+0.992s`, `-0.992s`."""
+    return ("-" if ms < 0 else "+") + fmt_ms(abs(ms))
+
+
 def fmt_duration(ms: int) -> str:
     """Milliseconds in the file syntax, shortest form: `1h30m`, `90500ms` -> `1m30s500ms`, `0s`."""
     if ms < 0:

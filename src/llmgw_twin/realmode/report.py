@@ -17,7 +17,7 @@ from llmgw_twin.twin.expect import matches
 from llmgw_twin.twin.report import describe, judged_json, judged_lines, requests_lines
 from llmgw_twin.twin.runner import RunResult, trace_sha256
 from llmgw_twin.twin.scenario import EventExpectation
-from llmgw_twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms, fmt_offset
 
 DECISIONS = (
     "node.joined",
@@ -40,7 +40,7 @@ def timeline(result: RealResult) -> str:
         f"{fmt_ms(result.tolerance_ms)}) {sc.path}"
     ]
     for ev in result.trace:
-        lines.append(f"  {'+' + fmt_ms(ev.t_ms):>13}  {ev.kind:<20} {describe(ev)}")
+        lines.append(f"  {fmt_offset(ev.t_ms):>13}  {ev.kind:<20} {describe(ev)}")
     lines.extend(requests_lines(result.requests))
     lines.extend(judged_lines(result.expectations, result.invariants))
     if result.left_running:
@@ -117,9 +117,7 @@ def _cell(ms: int | None) -> str:
 
 
 def _signed(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return ("+" if ms >= 0 else "-") + fmt_ms(abs(ms))
+    return "-" if ms is None else fmt_offset(ms)
 
 
 def fidelity_table(rows: list[dict[str, Any]], same: bool) -> str:
