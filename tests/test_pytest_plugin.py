@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin.pytest_plugin import explain
-from llmgw_twin.twin.loader import ScenarioError, load_scenario_text
+from llmgw_twin.twin.loader import TOP_KEYS, ScenarioError, load_scenario_text
 from llmgw_twin.twin.runner import InvariantResult, run_scenario
 from llmgw_twin.twin.scenario import EventExpectation
 from llmgw_twin.units import fmt_ms
@@ -184,6 +184,12 @@ def test_the_invalid_example_in_docs_ci_md_is_the_loaders_message() -> None:
     with pytest.raises(ScenarioError) as refused:
         load_scenario_text(UNKNOWN_KEY, "my-scenarios/bad.yaml")
     assert f"\n{refused.value}\n" in DOC
+
+
+def test_the_scenario_keys_docs_ci_md_lists_are_the_loaders() -> None:
+    listed = re.search(r"top-level keys among the scenario's keys \((.*?)\)", DOC, re.DOTALL)
+    assert listed is not None
+    assert re.findall(r"`([a-z_]+)`", listed.group(1)) == list(TOP_KEYS)
 
 
 def doc_yaml_blocks() -> list[str]:
