@@ -58,6 +58,30 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "llmgw_twin.service.ctl:Revoke",
         "revoke a node's credential",
     ),
+    ("ctl", "cordon"): (
+        "llmgw_twin.service.ctl_fleet:Cordon",
+        "take a node out of placement (what it runs keeps running)",
+    ),
+    ("ctl", "uncordon"): (
+        "llmgw_twin.service.ctl_fleet:Uncordon",
+        "put a cordoned node back into placement (ends a drain)",
+    ),
+    ("ctl", "drain"): (
+        "llmgw_twin.service.ctl_fleet:Drain",
+        "move every replica off a node, make-before-break, and keep it cordoned",
+    ),
+    ("ctl", "explain"): (
+        "llmgw_twin.service.ctl_fleet:Explain",
+        "why a replica is where it is, or why it is pending and where it could go",
+    ),
+    ("ctl", "deployment", "delete"): (
+        "llmgw_twin.service.ctl_fleet:DeploymentDelete",
+        "delete a deployment: its replicas are retired",
+    ),
+    ("ctl", "gpu", "clear"): (
+        "llmgw_twin.service.ctl:ClearGpu",
+        "clear a GPU the controller holds failed (as clear-gpu)",
+    ),
     ("ctl", "status"): (
         "llmgw_twin.service.ctl_status:Status",
         "show the fleet: fabrics (or every node), replicas per model, pending replicas and why",

@@ -44,6 +44,7 @@ from fastapi.responses import Response
 from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.durable import DurableState, Write
+from llmgw_twin.core.explain import never_fits
 from llmgw_twin.core.model import NodeId, ProfileName, TraceEvent
 from llmgw_twin.core.protocol import (
     ApplyDeployment,
@@ -297,6 +298,11 @@ class ControllerRuntime:
             await done  # answered once what it decided is durable
         return step
 
+    async def operate(self, event: ControllerEvent) -> Step:
+        """An operator's event (`core/operator.py`): decided, durable, then answered; a refusal
+        raises `Refused` (422) and changes nothing."""
+        return await self._handle(event)
+
     def _speaks_for(self, caller: Caller | None, node: str, shard_nodes: list[str]) -> None:
         """A node's credential acts as that node only, and reports its own shards only."""
         if caller is None:
@@ -346,9 +352,15 @@ class ControllerRuntime:
         return {"name": name, **body.model_dump(mode="json")}
 
     async def put_deployment(self, model: str, body: DeploymentW) -> dict[str, Any]:
-        await self._handle(ApplyDeployment(body.to_core(model)))
+        """Accepted even when it can never fit the fleet as registered (nodes may yet join), but
+        answered with the reason at once, in `warnings`."""
+        dep = body.to_core(model)
+        await self._handle(ApplyDeployment(dep))
         self.feed.touch()  # the routers' model lists change with no routing event
-        return {"model": model, **body.model_dump(mode="json")}
+        profile = self.core.profile(dep.profile)
+        never = never_fits(self.core, profile) if profile is not None and dep.replicas else None
+        warnings = [f"deployment {model} can never fit: {never}"] if never is not None else []
+        return {"model": model, **body.model_dump(mode="json"), "warnings": warnings}
 
     async def clear_failed_gpu(self, node: str, gpu: int) -> dict[str, Any]:
         try:

@@ -23,6 +23,7 @@ from llmgw_twin.service.controller_app import EVENTS_PAGE, ControllerRuntime
 from llmgw_twin.service.fastpath import HeartbeatFastPath
 from llmgw_twin.service.feed import FeedPageW
 from llmgw_twin.service.limits import MAX_INT, BodyLimit
+from llmgw_twin.service.operator_api import add_operator_routes
 from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.serving import lifespan_of
 from llmgw_twin.service.status_page import status_response
@@ -151,6 +152,8 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
         profile: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
     ) -> dict[str, Any]:
         return await runtime.clear_quarantine(node, profile)
+
+    add_operator_routes(app, runtime, admin)
 
     @app.get("/v1/admin/state", dependencies=admin)
     async def state() -> dict[str, Any]:

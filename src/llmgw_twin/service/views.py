@@ -21,6 +21,7 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
     fabric, nodes, endpoint, each shard as its agent last reported it) and deployments."""
     nodes: list[dict[str, Any]] = []
     fabrics: dict[str, list[str]] = {}
+    cordoned, draining = core.drains.cordoned(), core.drains.draining()
     for node in core.nodes():
         info = core.node_info(node)
         assert info is not None
@@ -41,6 +42,8 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
                 "gpu_count": info.gpus,
                 "failed_gpus": list(core.failed_gpus(node)),
                 "fabric_link_up": core.link_up(node),
+                "cordoned": node in cordoned,
+                "draining": node in draining,
             }
         )
         fabrics.setdefault(info.fabric, []).append(node)
@@ -71,6 +74,7 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
                 "fabric": rec.fabric,
                 "nodes": list(rec.nodes),
                 "endpoint": rec.endpoint,
+                "reason": rec.unplaceable_reason,
                 "shards": shards,
             }
         )
