@@ -104,6 +104,18 @@ def _call(
     return status
 
 
+def issue_credential(
+    args: argparse.Namespace, node: str, agent_url: str
+) -> tuple[int, CredentialFile | None]:
+    """Issue (or rotate) `node`'s credential, bound to `agent_url`: (0, the credential), or the
+    status of `_request` and None (the refusal already printed). `args` as `_common` reads."""
+    path = f"/v1/admin/nodes/{node}/credential"
+    status, answer = _request(args, "POST", path, body={"agent_url": agent_url})
+    if status != 0:
+        return status, None
+    return 0, CredentialFile(answer["node"], answer["token"], answer["controller_token"])
+
+
 class ClearGpu:
     """Clear a GPU the controller holds failed (after it was repaired or replaced)."""
 
@@ -167,15 +179,9 @@ class Onboard:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        status, answer = _request(
-            args,
-            "POST",
-            f"/v1/admin/nodes/{args.node}/credential",
-            body={"agent_url": args.agent_url},
-        )
-        if status != 0:
+        status, cred = issue_credential(args, args.node, args.agent_url)
+        if cred is None:
             return status
-        cred = CredentialFile(answer["node"], answer["token"], answer["controller_token"])
         cred.write(args.out)
         print(f"node {cred.node}: credential written to {args.out}, bound to {args.agent_url}")
         return 0
