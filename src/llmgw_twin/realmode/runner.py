@@ -327,8 +327,8 @@ class RealRun:
             if state is not None:
                 await self.checks.observe(self.now_ms(), state, client)
             if time.monotonic() - self._said_at >= QUIET_S:
-                at, end = fmt_ms(self.now_ms()), fmt_ms(self.scenario.duration_ms)
-                self.progress(f"+{at} of {end}, running, nothing new")
+                at, end = fmt_offset(self.now_ms()), fmt_ms(self.scenario.duration_ms)
+                self.progress(f"{at} of {end}, running, nothing new")
             await asyncio.sleep(POLL_S)
 
     async def _collect(self, client: httpx.AsyncClient) -> None:
