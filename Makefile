@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean llama-server chromium
+.PHONY: run test lint bench clean llama-server chromium dist-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,7 +31,11 @@ llama-server: $(VENV)/.installed
 chromium:
 	bash scripts/install-chromium.sh
 
-test: lint llama-server chromium
+# the wheel and sdist, installed as users install them: pip (wheel, sdist) and pipx (docs/install.md)
+dist-check: $(VENV)/.installed
+	bash scripts/check-dist.sh
+
+test: lint llama-server chromium dist-check
 	$(BIN)/llmgw-twin run -q scenarios/*.yaml
 	$(BIN)/pytest -q
 

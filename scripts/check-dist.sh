@@ -12,7 +12,8 @@
 # 3. in fresh venvs installs (a) the wheel, (b) the sdist, each with constraints.txt as
 #    constraints and dependencies from wheels only (no compiler), and (c) the wheel with pipx
 #    (pinned, in a venv of its own; PIPX_HOME and PIPX_BIN_DIR in the temporary directory;
-#    no constraints: what a user's `pipx install` resolves);
+#    with constraints.txt too, so that a new release of an indirect dependency cannot turn CI
+#    red: the pins are what the project is tested with);
 # 4. for each, from a directory outside the checkout: `llmgw-twin --version` must print the
 #    built version, `llmgw-twin run scenarios/node-loss.yaml` must pass, and (a, b) the
 #    installed package must be the one imported and find every engine's flag list.
@@ -180,7 +181,7 @@ logged install-pipx "$INSTALL_TIMEOUT" "$TMP/venv-pipx/bin/python" -m pip instal
     --only-binary=:all: "pipx==$PIPX_VERSION"
 export PIPX_HOME=$TMP/pipx-home PIPX_BIN_DIR=$TMP/pipx-bin PIPX_MAN_DIR=$TMP/pipx-man
 logged pipx-install "$INSTALL_TIMEOUT" "$TMP/venv-pipx/bin/pipx" install \
-    --pip-args=--only-binary=:all: "$WHEEL"
+    --pip-args="--only-binary=:all: -c $ROOT/constraints.txt" "$WHEEL"
 smoke "$PIPX_BIN_DIR" "(c) pipx"
 
 say "PASS: wheel, sdist and pipx installs of llmgw-twin $VERSION work (${SECONDS}s)"
