@@ -47,6 +47,7 @@ from llmgw_twin.core.model import ModelName, ReplicaId
 from llmgw_twin.core.routing import NoRoute, Route, Router, RouterTimeouts
 from llmgw_twin.service.limits import MiB
 from llmgw_twin.service.replies import openai_error
+from llmgw_twin.service.request_metrics import ReplicaAnswer, RequestMetrics, RequestWatch
 
 log = logging.getLogger("llmgw_twin.forwarding")
 
@@ -63,6 +64,7 @@ NO_CONTROLLER_RETRY_AFTER_S = 5
 UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 WRITE_TIMEOUT_S = 30.0
 """Sending a request's body to a replica."""
+Deployed = Callable[[], Collection[str] | None]
 
 
 def monotonic_ms() -> int:
@@ -151,6 +153,7 @@ class Forwarder:
         self.cut = 0
         """Requests sent again to a second replica; attempts that failed before any byte was
         passed on; streams cut midway."""
+        self.metrics = RequestMetrics(self)
 
     def open(self) -> None:
         t = self.timeouts
@@ -189,11 +192,21 @@ class Forwarder:
                 back_ms,
             )
 
-    async def forward(
-        self, request: Request, path: str, deployed: Callable[[], Collection[str] | None]
-    ) -> Response:
+    async def forward(self, request: Request, path: str, deployed: Deployed) -> Response:
         """Serve one inference request; `deployed()` is the models that exist (None: not
-        known yet)."""
+        known yet). Each request is counted and timed (`self.metrics`)."""
+        watch = self.metrics.watch()
+        try:
+            answer = await self._serve(request, path, deployed, watch)
+        except BaseException:
+            watch.gone()
+            raise
+        watch.answered(answer, tried=REPLICA_HEADER in answer.headers)
+        return answer
+
+    async def _serve(
+        self, request: Request, path: str, deployed: Deployed, watch: RequestWatch
+    ) -> Response:
         raw = await request.body()
         parsed = parse_request(raw)
         if isinstance(parsed, Response):
@@ -215,6 +228,7 @@ class Forwarder:
                 "invalid_request_error",
                 "model_not_found",
             )
+        watch.model = model  # a deployed model's name: a bounded label
         tried: list[ReplicaId] = []
         failure: tuple[ReplicaId, _Failed] | None = None
         while len(tried) < MAX_ATTEMPTS:
@@ -308,7 +322,7 @@ class Forwarder:
         headers = {}
         if "content-type" in upstream.headers:
             headers["content-type"] = upstream.headers["content-type"]
-        return Response(body, status_code=upstream.status_code, headers=headers)
+        return _Answer(body, status_code=upstream.status_code, headers=headers)
 
     def _late(self, upstream: httpx.Response | None) -> str:
         t = self.timeouts
@@ -338,9 +352,15 @@ def _tag(response: Response, replica: ReplicaId, retried: bool) -> Response:
     return response
 
 
-class _Relay(StreamingResponse):
+class _Answer(ReplicaAnswer, Response):
+    """A replica's own answer, read whole."""
+
+
+class _Relay(ReplicaAnswer, StreamingResponse):
     """A replica's streamed answer, passed on chunk by chunk as it comes; however it ends (done,
     cut, stalled, the client gone), the replica's connection is closed and the pick judged."""
+
+    streamed = True
 
     def __init__(
         self,
@@ -388,4 +408,6 @@ class _Relay(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._pick.finish()
+            if self.watch is not None:
+                self.watch.stream_ended(cut=not self._pick.ok)
             await self._upstream.aclose()
