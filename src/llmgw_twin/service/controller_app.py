@@ -76,6 +76,7 @@ from llmgw_twin.service.feed import RoutingFeed
 from llmgw_twin.service.forwarding import Forwarder
 from llmgw_twin.service.gcpauses import GcPauses
 from llmgw_twin.service.lag import LagMonitor
+from llmgw_twin.service.metrics import ControllerMetrics
 from llmgw_twin.service.views import fleet_state, model_list
 from llmgw_twin.service.wire import (
     DeploymentW,
@@ -128,6 +129,7 @@ class ControllerRuntime:
         self.router = Router(outstanding_limit=settings.limits.outstanding_per_replica)
         self.forwarder = Forwarder(self.router, transport=engine_transport)
         self.feed = RoutingFeed()
+        self.metrics = ControllerMetrics(self)
         self.keys: ControllerKeys | None = None
         """None: no credentials are asked (`auth` not configured, loopback only)."""
         if settings.auth is not None:
@@ -280,6 +282,7 @@ class ControllerRuntime:
             self._events_dropped += drop
         self.router.follow(ev)
         self.feed.record(ev)
+        self.metrics.record(ev)
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -345,6 +348,7 @@ class ControllerRuntime:
         """A heartbeat, its body already read; True when it asks, in-band, for a report."""
         self._speaks_for(caller, msg.node, [s.spec.node for s in msg.shards])
         step = await self._handle(msg, answered_in_band=msg.node)
+        self.metrics.heartbeats += 1
         return any(isinstance(c, RequestReport) and c.node == msg.node for c in step.commands)
 
     async def put_profile(self, name: str, body: ProfileW) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from llmgw_twin.service.controller_app import EVENTS_PAGE, ControllerRuntime
 from llmgw_twin.service.fastpath import HeartbeatFastPath
 from llmgw_twin.service.feed import FeedPageW
 from llmgw_twin.service.limits import MAX_INT, BodyLimit
+from llmgw_twin.service.metrics import add_metrics_route
 from llmgw_twin.service.operator_api import add_operator_routes
 from llmgw_twin.service.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.serving import lifespan_of
@@ -185,6 +186,8 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     @app.get("/status", include_in_schema=False)
     async def status() -> Response:
         return status_response(runtime.keys is not None)
+
+    add_metrics_route(app, runtime.metrics, admin)  # an admin token (docs/metrics.md)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -32,6 +32,7 @@ from llmgw_twin.service.auth import ApiKeys
 from llmgw_twin.service.follower import FeedFollower
 from llmgw_twin.service.forwarding import Forwarder, monotonic_ms
 from llmgw_twin.service.limits import CONTROL_BODY_LIMIT, BodyLimit
+from llmgw_twin.service.metrics import RouterMetrics, add_metrics_route
 from llmgw_twin.service.replies import ERRORS, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.router_config import RouterSettings
 from llmgw_twin.service.serving import lifespan_of
@@ -67,6 +68,7 @@ class RouterRuntime:
             transport=controller_transport,
         )
         self.keys = ApiKeys(settings.api_key_hashes)
+        self.metrics = RouterMetrics(self)
 
     async def start(self) -> None:
         self.forwarder.open()
@@ -138,6 +140,8 @@ def create_router_app(runtime: RouterRuntime) -> FastAPI:
     @app.get("/v1/models", dependencies=client)
     async def models() -> dict[str, Any]:
         return runtime.models()
+
+    add_metrics_route(app, runtime.metrics, client)  # an API key, when any is listed
 
     @app.get("/v1/router/state", dependencies=client)
     async def state() -> dict[str, Any]:
