@@ -15,44 +15,28 @@ that instant (the joins) have negative times.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, assert_never
+from typing import Any
 
 import httpx
 
-from llmgw_twin.core.model import ModelName, NodeId, TraceEvent
+from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.realmode.checks import RealInvariants, judge_state_real
 from llmgw_twin.realmode.cluster import RealCluster, free_port
+from llmgw_twin.realmode.faults import RealFaults, check_real_supported
 from llmgw_twin.realmode.traffic import RealTraffic
 from llmgw_twin.service.wire import TraceEventW
 from llmgw_twin.twin.expect import Outcome, judge_event, judge_requests
-from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import (
-    Cordon,
-    CrashNode,
-    DeleteDeployment,
     EventExpectation,
-    FabricDown,
-    FailGpu,
-    Fault,
-    HangEngine,
-    KillEngine,
-    KillNode,
-    Partition,
     RequestsExpectation,
-    RestartController,
-    RestartNode,
     Scenario,
-    SetReplicas,
     StateExpectation,
 )
 from llmgw_twin.twin.timescale import scale_scenario, widen
@@ -64,17 +48,6 @@ REGISTER_DEADLINE_S = 60.0
 QUIET_S = 15.0
 """After this long without a progress line, the run says where it stands (a long quiet stretch
 of a scenario, or a controller that is down, would print nothing for minutes)."""
-SUPPORTED = (
-    KillNode,
-    CrashNode,
-    RestartNode,
-    Partition,
-    KillEngine,
-    RestartController,
-    SetReplicas,
-    Cordon,
-    DeleteDeployment,
-)
 
 
 @dataclass
@@ -132,16 +105,12 @@ class RealRun:
         self.progress: Progress = say
         self.cluster = RealCluster(scenario, workdir, free_port())
         self.trace: list[TraceEvent] = []
-        self.faults: list[TraceEvent] = []
         self.checks = RealInvariants(scenario)
         self.checks.controller_url = self.cluster.controller_url
         self.outcomes: dict[int, Outcome] = {}
         self.t0 = 0.0
         self._after = 0
-        self._deployments = {d.model: d for d in scenario.deployments}
-        self._cuts: dict[NodeId, int] = {}
-        self._pending: list[asyncio.TimerHandle] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.injector = RealFaults(self.cluster, scenario, self.now_ms, self.progress)
         self.traffic = RealTraffic(
             scenario, lambda: self.cluster.router_url, self.cluster.client_headers, self.now_ms
         )
@@ -181,10 +150,7 @@ class RealRun:
                 self._judge_states(client),
                 self.traffic.run(),
             )
-            for handle in self._pending:
-                handle.cancel()
-            for task in list(self._tasks):
-                task.cancel()
+            self.injector.cancel()
             await self._collect(client)
             state = await self._state(client)
             agents = {n: cluster.agent_state(n) for n in sorted(cluster.nodes)}
@@ -214,109 +180,13 @@ class RealRun:
     async def _timeline(self, client: httpx.AsyncClient) -> None:
         for fault in self.scenario.faults:
             await self._until(fault.at_ms)
-            await self._inject(fault, client)
+            await self.injector.inject(fault, client)
         await self._until(self.scenario.duration_ms)
 
     async def _until(self, t_ms: int) -> None:
         delay = t_ms / 1000 - (time.monotonic() - self.t0)
         if delay > 0:
             await asyncio.sleep(delay)  # the timeline's own clock: real time is the point here
-
-    async def _inject(self, fault: Fault, client: httpx.AsyncClient) -> None:
-        cluster = self.cluster
-        event = TraceEvent.of(
-            self.now_ms(), "fault.injected", fault=fault.id, **fault_subjects(fault)
-        )
-        self.faults.append(event)
-        self.progress(f"{fmt_offset(event.t_ms)} {event.kind} {describe(event)}")
-        match fault.action:
-            case KillNode(node=node):
-                await asyncio.to_thread(cluster.kill_node, node)
-            case CrashNode(node=node):
-                await asyncio.to_thread(cluster.crash_node, node)
-            case RestartNode(node=node):
-                if cluster.nodes[node].proc is not None:
-                    await asyncio.to_thread(cluster.kill_node, node)
-                cluster.start_agent(node)
-            case Partition(nodes=nodes, for_ms=for_ms):
-                for node in nodes:
-                    self._cuts[node] = self._cuts.get(node, 0) + 1
-                    cluster.nodes[node].to_controller.cut()
-                    cluster.nodes[node].to_agent.cut()
-                asyncio.get_running_loop().call_later(for_ms / 1000, self._heal, nodes)
-            case KillEngine(node=node, replica_of=model):
-                await asyncio.to_thread(self._kill_engine, node, model)
-            case RestartController(down_for_ms=down_for_ms):
-                await asyncio.to_thread(cluster.kill_controller)
-                # back after the outage, while later faults keep their own instants
-                restart = asyncio.get_running_loop().call_later(
-                    down_for_ms / 1000,
-                    cluster.start_controller,
-                    cluster.workdir / "controller.yaml",
-                )
-                self._pending.append(restart)
-            case SetReplicas(model=model, replicas=replicas):
-                dep = self._deployments[model]
-                task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            case Cordon() | DeleteDeployment():
-                task = asyncio.create_task(self._operate(client, fault.action))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            case FailGpu() | FabricDown() | HangEngine():
-                raise AssertionError(f"real mode refuses {type(fault.action).__name__} up front")
-            case _:
-                assert_never(fault.action)
-
-    async def _set_replicas(
-        self, client: httpx.AsyncClient, model: str, profile: str, replicas: int
-    ) -> None:
-        """The operator's call; its client retries while the API is down, until the run ends."""
-        url = f"{self.cluster.controller_url}/v1/admin/deployments/{model}"
-        while self.now_ms() < self.scenario.duration_ms:
-            with contextlib.suppress(httpx.HTTPError):
-                r = await client.put(url, json={"profile": profile, "replicas": replicas})
-                if r.status_code == 200:
-                    return
-            await asyncio.sleep(POLL_S)
-        self.progress(f"set_replicas {model}={replicas} never reached the controller")
-
-    async def _operate(self, client: httpx.AsyncClient, action: Cordon | DeleteDeployment) -> None:
-        """An operator action through the admin API, retried while the API is down."""
-        base = self.cluster.controller_url
-        match action:
-            case Cordon(node=node, op="uncordon"):
-                method, url = "DELETE", f"{base}/v1/admin/nodes/{node}/cordon"
-            case Cordon(node=node, op=op):
-                method, url = "POST", f"{base}/v1/admin/nodes/{node}/{op}"
-            case DeleteDeployment(model=model):
-                method, url = "DELETE", f"{base}/v1/admin/deployments/{model}"
-        while self.now_ms() < self.scenario.duration_ms:
-            with contextlib.suppress(httpx.HTTPError):
-                r = await client.request(method, url)
-                if r.status_code == 200:
-                    return
-            await asyncio.sleep(POLL_S)
-        self.progress(f"{method} {url} never reached the controller")
-
-    def _heal(self, nodes: tuple[NodeId, ...]) -> None:
-        for node in nodes:  # overlapping partitions: the link heals with the last
-            self._cuts[node] -= 1
-            if self._cuts[node] == 0:
-                self.cluster.nodes[node].to_controller.heal()
-                self.cluster.nodes[node].to_agent.heal()
-
-    def _kill_engine(self, node: NodeId, model: ModelName) -> None:
-        state = self.cluster.agent_state(node) or {}
-        for shard in sorted(state.get("shards", []), key=lambda s: (s["replica"], s["rank"])):
-            pid = shard.get("engine_pid")
-            replica_of = str(shard.get("replica", "")).rsplit("-r", 1)[0]
-            alive = shard.get("phase") not in ("exited", "waiting")
-            if replica_of == model and alive and isinstance(pid, int):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                return
 
     # --- observing ---------------------------------------------------------------------------
 
@@ -378,7 +248,7 @@ class RealRun:
             self.outcomes[i] = judge_state_real(exp, state)
 
     def result(self, time_scale: float, tolerance_ms: int, left: list[int]) -> RealResult:
-        trace = sorted([*self.trace, *self.faults], key=lambda e: e.t_ms)
+        trace = sorted([*self.trace, *self.injector.injected], key=lambda e: e.t_ms)
         self.checks.judge_routes(trace)
         outcomes = dict(self.outcomes)
         for i, exp in enumerate(self.scenario.expectations):
@@ -399,25 +269,6 @@ class RealRun:
             answered=dict(self.checks.answered),
             requests=self.traffic.report(trace) if self.scenario.traffic else None,
         )
-
-
-REFUSED: dict[type, str] = {
-    FailGpu: "real mode has no GPU to fail",
-    FabricDown: "real mode has no fabric link to cut",
-    HangEngine: "real mode cannot yet make an engine hang with its port open",
-}
-"""Why each fault the twin models is refused up front here."""
-
-
-def check_real_supported(scenario: Scenario) -> None:
-    for fault in scenario.faults:
-        if not isinstance(fault.action, SUPPORTED):
-            action = fault_subjects(fault)["action"]
-            why = REFUSED.get(type(fault.action))
-            raise ValueError(
-                f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
-                f"mode yet" + (f": {why}" if why else "")
-            )
 
 
 def run_real(

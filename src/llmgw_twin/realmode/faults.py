@@ -1,0 +1,197 @@
+"""Faults injected for real, at their instant, on the processes of a real run (`runner.py`).
+
+Each fault of the scenario format is done to real processes as the twin models it
+(docs/real-mode.md says how each is made); the operator's actions go through the admin API,
+retried while the controller is down, as an operator's client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from typing import assert_never
+
+import httpx
+
+from llmgw_twin.core.model import ModelName, NodeId, TraceEvent
+from llmgw_twin.realmode.cluster import RealCluster
+from llmgw_twin.twin.faults import fault_subjects
+from llmgw_twin.twin.report import describe
+from llmgw_twin.twin.scenario import (
+    Cordon,
+    CrashNode,
+    DeleteDeployment,
+    FabricDown,
+    FailGpu,
+    Fault,
+    HangEngine,
+    KillEngine,
+    KillNode,
+    Partition,
+    RestartController,
+    RestartNode,
+    Scenario,
+    SetReplicas,
+)
+from llmgw_twin.units import fmt_offset
+
+POLL_S = 0.1
+"""How often an operator's call that did not land is tried again."""
+SUPPORTED = (
+    KillNode,
+    CrashNode,
+    RestartNode,
+    Partition,
+    KillEngine,
+    RestartController,
+    SetReplicas,
+    Cordon,
+    DeleteDeployment,
+)
+
+
+class RealFaults:
+    """The faults of one real run: injected at their instant, undone (a partition healed, a
+    controller restarted) on timers of their own."""
+
+    def __init__(
+        self,
+        cluster: RealCluster,
+        scenario: Scenario,
+        now_ms: Callable[[], int],
+        progress: Callable[[str], None],
+    ) -> None:
+        self.cluster = cluster
+        self.scenario = scenario
+        self.now_ms = now_ms
+        self.progress = progress
+        self.injected: list[TraceEvent] = []
+        self._deployments = {d.model: d for d in scenario.deployments}
+        self._cuts: dict[NodeId, int] = {}
+        self._pending: list[asyncio.TimerHandle] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def cancel(self) -> None:
+        """The run is over: what was still to come of its faults does not happen."""
+        for handle in self._pending:
+            handle.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def inject(self, fault: Fault, client: httpx.AsyncClient) -> None:
+        cluster = self.cluster
+        event = TraceEvent.of(
+            self.now_ms(), "fault.injected", fault=fault.id, **fault_subjects(fault)
+        )
+        self.injected.append(event)
+        self.progress(f"{fmt_offset(event.t_ms)} {event.kind} {describe(event)}")
+        match fault.action:
+            case KillNode(node=node):
+                await asyncio.to_thread(cluster.kill_node, node)
+            case CrashNode(node=node):
+                await asyncio.to_thread(cluster.crash_node, node)
+            case RestartNode(node=node):
+                if cluster.nodes[node].proc is not None:
+                    await asyncio.to_thread(cluster.kill_node, node)
+                cluster.start_agent(node)
+            case Partition(nodes=nodes, for_ms=for_ms):
+                for node in nodes:
+                    self._cuts[node] = self._cuts.get(node, 0) + 1
+                    cluster.nodes[node].to_controller.cut()
+                    cluster.nodes[node].to_agent.cut()
+                asyncio.get_running_loop().call_later(for_ms / 1000, self._heal, nodes)
+            case KillEngine(node=node, replica_of=model):
+                await asyncio.to_thread(self._kill_engine, node, model)
+            case RestartController(down_for_ms=down_for_ms):
+                await asyncio.to_thread(cluster.kill_controller)
+                # back after the outage, while later faults keep their own instants
+                restart = asyncio.get_running_loop().call_later(
+                    down_for_ms / 1000,
+                    cluster.start_controller,
+                    cluster.workdir / "controller.yaml",
+                )
+                self._pending.append(restart)
+            case SetReplicas(model=model, replicas=replicas):
+                dep = self._deployments[model]
+                task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            case Cordon() | DeleteDeployment():
+                task = asyncio.create_task(self._operate(client, fault.action))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            case FailGpu() | FabricDown() | HangEngine():
+                raise AssertionError(f"real mode refuses {type(fault.action).__name__} up front")
+            case _:
+                assert_never(fault.action)
+
+    async def _set_replicas(
+        self, client: httpx.AsyncClient, model: str, profile: str, replicas: int
+    ) -> None:
+        """The operator's call; its client retries while the API is down, until the run ends."""
+        url = f"{self.cluster.controller_url}/v1/admin/deployments/{model}"
+        while self.now_ms() < self.scenario.duration_ms:
+            with contextlib.suppress(httpx.HTTPError):
+                r = await client.put(url, json={"profile": profile, "replicas": replicas})
+                if r.status_code == 200:
+                    return
+            await asyncio.sleep(POLL_S)
+        self.progress(f"set_replicas {model}={replicas} never reached the controller")
+
+    async def _operate(self, client: httpx.AsyncClient, action: Cordon | DeleteDeployment) -> None:
+        """An operator action through the admin API, retried while the API is down."""
+        base = self.cluster.controller_url
+        match action:
+            case Cordon(node=node, op="uncordon"):
+                method, url = "DELETE", f"{base}/v1/admin/nodes/{node}/cordon"
+            case Cordon(node=node, op=op):
+                method, url = "POST", f"{base}/v1/admin/nodes/{node}/{op}"
+            case DeleteDeployment(model=model):
+                method, url = "DELETE", f"{base}/v1/admin/deployments/{model}"
+        while self.now_ms() < self.scenario.duration_ms:
+            with contextlib.suppress(httpx.HTTPError):
+                r = await client.request(method, url)
+                if r.status_code == 200:
+                    return
+            await asyncio.sleep(POLL_S)
+        self.progress(f"{method} {url} never reached the controller")
+
+    def _heal(self, nodes: tuple[NodeId, ...]) -> None:
+        for node in nodes:  # overlapping partitions: the link heals with the last
+            self._cuts[node] -= 1
+            if self._cuts[node] == 0:
+                self.cluster.nodes[node].to_controller.heal()
+                self.cluster.nodes[node].to_agent.heal()
+
+    def _kill_engine(self, node: NodeId, model: ModelName) -> None:
+        state = self.cluster.agent_state(node) or {}
+        for shard in sorted(state.get("shards", []), key=lambda s: (s["replica"], s["rank"])):
+            pid = shard.get("engine_pid")
+            replica_of = str(shard.get("replica", "")).rsplit("-r", 1)[0]
+            alive = shard.get("phase") not in ("exited", "waiting")
+            if replica_of == model and alive and isinstance(pid, int):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                return
+
+
+REFUSED: dict[type, str] = {
+    FailGpu: "real mode has no GPU to fail",
+    FabricDown: "real mode has no fabric link to cut",
+    HangEngine: "real mode cannot yet make an engine hang with its port open",
+}
+"""Why each fault the twin models is refused up front here."""
+
+
+def check_real_supported(scenario: Scenario) -> None:
+    for fault in scenario.faults:
+        if not isinstance(fault.action, SUPPORTED):
+            action = fault_subjects(fault)["action"]
+            why = REFUSED.get(type(fault.action))
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
+                f"mode yet" + (f": {why}" if why else "")
+            )
