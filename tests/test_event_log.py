@@ -10,20 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
 from helpers.controller import PROFILE, controller, registration
 from helpers.live import live_server
-from helpers.services import FAST, wait_sync
-from llmgw_twin.service.config import ControllerSettings
+from helpers.services import wait_sync
+from llmgw_twin.service.config import ConfigError, ControllerSettings, load_controller_config
 from llmgw_twin.service.controller_app import ControllerRuntime
 from llmgw_twin.service.controller_http import create_controller_app
+from llmgw_twin.store import EVENTS_KEPT
+from test_ctl_status import STEADY  # no node goes suspect: every event is one the test made
 
 KEPT = 6
 
 
 def _build(db: Path) -> FastAPI:
-    settings = ControllerSettings("127.0.0.1", 0, str(db), FAST, (), (), events_kept=KEPT)
+    settings = ControllerSettings("127.0.0.1", 0, str(db), STEADY, (), (), events_kept=KEPT)
     agents = httpx.MockTransport(lambda _: httpx.Response(200, json={"ok": True}))
     return create_controller_app(ControllerRuntime(settings, agent_transport=agents))
 
@@ -58,12 +61,13 @@ def test_a_restarted_controller_serves_the_events_before_it_with_their_numbers_t
         r = c.put("/v1/admin/deployments/tiny", json={"profile": "tiny", "replicas": 3})
         assert r.status_code == 200
 
-        def placed() -> bool | None:
-            replicas = c.get("/v1/admin/state").json()["replicas"]
-            return True if sum(x["state"] == "placed" for x in replicas) == 3 else None
+        def placed() -> dict[int, dict[str, Any]] | None:
+            seen = _numbered(c, 0)  # fewer than 2 * KEPT: the memory log still has them all
+            kinds = [ev["kind"] for ev in seen.values()]
+            return seen if kinds.count("replica.placed") == 3 else None
 
-        wait_sync(placed, 10, "three replicas placed")
-        before = _numbered(c, 0)
+        before = wait_sync(placed, 10, "three replica.placed events")
+        assert min(before) == 0
         end = max(before) + 1
         assert end > KEPT  # more than the bound: the oldest are gone from the store
         assert _page(c, 0)["next"] == end
@@ -122,3 +126,15 @@ def test_a_registration_storm_stores_its_events_in_a_few_transactions(tmp_path: 
     with sqlite3.connect(tmp_path / "c.db") as raw:
         rows = raw.execute("SELECT body FROM events WHERE body LIKE '%node.joined%'").fetchall()
     assert len(rows) == count
+
+
+def test_events_kept_is_read_from_the_config_and_must_be_positive(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("listen: {port: 8080}\nstore: c.db\n")
+    assert load_controller_config(path).events_kept == EVENTS_KEPT == 50_000
+    path.write_text("listen: {port: 8080}\nstore: c.db\nevents_kept: 3\n")
+    assert load_controller_config(path).events_kept == 3
+    for bad in ("0", "'3'"):
+        path.write_text(f"listen: {{port: 8080}}\nstore: c.db\nevents_kept: {bad}\n")
+        with pytest.raises(ConfigError, match="events_kept"):
+            load_controller_config(path)
