@@ -11,9 +11,10 @@ is a router process's: its forwarding and its feed. Both collect the forwarding'
 (`request_metrics.py`).
 
 Invariants:
-- A scrape walks the fleet once: each node once (its health, GPUs, failed GPUs, assignment)
-  and each deployment's live replicas once. It runs on the event loop, between two core calls,
-  so what it reads is one consistent state.
+- A scrape walks the fleet once: each node once (its health, GPUs, failed GPUs) and each
+  deployment's live replicas once (their states, the GPUs their shards hold). It runs on the
+  event loop, between two core calls, so what it reads is one state of the core. A counter
+  moves when its event is published, once its step is durable: a gauge may be a commit ahead.
 - A heartbeat costs one integer add here, with no lock; an event a dict update.
 - Labels are bounded: node states, replica states, event kinds and reason classes are fixed
   sets, and models are the deployed ones. A failure's or a reap's free-text reason (it names
@@ -232,7 +233,7 @@ class _ControllerCollector:
         )
         yield CounterMetricFamily(
             "llmgw_store_commits",
-            "Store transactions committed (each holds the writes of one or more steps)",
+            "Store transactions committed (each holds the writes and events of one or more steps)",
             value=rt.committer.transactions,
         )
 
