@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from helpers.services import FAST, eventually, node_info
-from llmgw_twin.core.model import ShardReport, ShardSpec, ShardState
+from llmgw_twin.core.model import ShardReport, ShardSpec, ShardState, Timings
 from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
 from llmgw_twin.service.config import ControllerSettings
 from llmgw_twin.service.controller_app import ControllerRuntime
@@ -26,14 +26,17 @@ CHAT_MODEL = "tiny"
 
 
 def runtime_of(
-    tmp_path: Path, sent: Sent | None = None, engine: httpx.AsyncBaseTransport | None = None
+    tmp_path: Path,
+    sent: Sent | None = None,
+    engine: httpx.AsyncBaseTransport | None = None,
+    timings: Timings = FAST,
 ) -> ControllerRuntime:
     def agent(request: httpx.Request) -> httpx.Response:
         if sent is not None:
             sent.append((request.url.path, json.loads(request.content)))
         return httpx.Response(200, json={"ok": True})
 
-    settings = ControllerSettings("127.0.0.1", 0, str(tmp_path / "c.db"), FAST, (), ())
+    settings = ControllerSettings("127.0.0.1", 0, str(tmp_path / "c.db"), timings, (), ())
     return ControllerRuntime(
         settings, agent_transport=httpx.MockTransport(agent), engine_transport=engine
     )
@@ -62,9 +65,22 @@ def registration(name: str = "n1", **info: Any) -> dict[str, Any]:
     return body
 
 
-async def two_ready_replicas(client: httpx.AsyncClient, sent: Sent) -> list[str]:
+def assigned_specs(sent: Sent) -> list[ShardSpec]:
+    """Every shard the controller's assignments named so far, once each (the latest spec)."""
+    specs = {}
+    for path, body in sent:
+        if path == "/v1/assign":
+            for raw in body["shards"]:
+                spec = ShardSpecW.model_validate(raw).to_core()
+                specs[spec.key] = spec
+    return list(specs.values())
+
+
+async def two_ready_replicas(
+    client: httpx.AsyncClient, sent: Sent, endpoint: str | None = None
+) -> list[str]:
     """Two 1-GPU replicas of `CHAT_MODEL` on nodes n1 and n2, reported serving, each leader at
-    `http://engine-{replica}:8000`; their ids, once both are routable."""
+    `endpoint` (default `http://engine-{replica}:8000`); their ids, once both are routable."""
     for name in ("n1", "n2"):
         r = await client.post("/v1/agents/register", json=registration(name))
         assert r.status_code == 200, r.text
@@ -74,16 +90,12 @@ async def two_ready_replicas(client: httpx.AsyncClient, sent: Sent) -> list[str]
     assert r.status_code == 200, r.text
 
     async def assigned() -> list[ShardSpec] | None:
-        specs = {}
-        for path, body in sent:
-            if path == "/v1/assign":
-                for raw in body["shards"]:
-                    spec = ShardSpecW.model_validate(raw).to_core()
-                    specs[spec.key] = spec
-        return list(specs.values()) if len(specs) == 2 else None
+        specs = assigned_specs(sent)
+        return specs if len(specs) == 2 else None
 
     for spec in await eventually(assigned, 5, "both replicas assigned"):
-        up = ShardReport(spec, ShardState.SERVING, f"http://engine-{spec.replica}:8000", None, ())
+        url = endpoint or f"http://engine-{spec.replica}:8000"
+        up = ShardReport(spec, ShardState.SERVING, url, None, ())
         beat = HeartbeatW.from_core(Heartbeat(spec.node, (up,))).model_dump(mode="json")
         r = await client.post("/v1/agents/heartbeat", json=beat)
         assert r.status_code == 200, r.text
