@@ -7,8 +7,9 @@ every expression of docs/grafana-dashboard.json names only metrics the services 
 
 The stack is one sim engine process, a controller (fake agents: its commands are recorded, the
 nodes' reports are sent by the test) and a router following the controller's feed. Its timings
-keep nodes alive and a failed replica's replacement in back-off for longer than the module
-runs, so nothing changes between a scrape and the view it is compared with.
+keep nodes alive and a placed replica unjudged for longer than the module runs, so nothing
+changes between a scrape and the view it is compared with, and each test leaves the replicas as
+it found them (the tests do not depend on their order).
 """
 
 from __future__ import annotations
