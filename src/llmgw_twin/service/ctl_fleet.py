@@ -27,30 +27,42 @@ POLL_S = 1.0
 """How often `drain --wait` reads the drain's progress."""
 
 
-class Cordon:
+class _OneCall:
+    """A command that names one thing and makes one call about it."""
+
+    arg = "node"
+    method = "POST"
+    path = ""
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(cls.arg)
+        _common(parser)
+
+    @classmethod
+    def main(cls, args: argparse.Namespace) -> int:
+        return _call(args, cls.method, cls.path.format(getattr(args, cls.arg)))
+
+
+class Cordon(_OneCall):
     """Take a node out of placement: what it runs keeps running."""
 
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("node")
-        _common(parser)
-
-    @staticmethod
-    def main(args: argparse.Namespace) -> int:
-        return _call(args, "POST", f"/v1/admin/nodes/{args.node}/cordon")
+    path = "/v1/admin/nodes/{}/cordon"
 
 
-class Uncordon:
+class Uncordon(_OneCall):
     """Put a cordoned node back into placement (a drain under way ends)."""
 
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("node")
-        _common(parser)
+    method = "DELETE"
+    path = "/v1/admin/nodes/{}/cordon"
 
-    @staticmethod
-    def main(args: argparse.Namespace) -> int:
-        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/cordon")
+
+class DeploymentDelete(_OneCall):
+    """Delete a deployment: every replica of it is retired, and nothing replaces them."""
+
+    arg = "model"
+    method = "DELETE"
+    path = "/v1/admin/deployments/{}"
 
 
 def _progress(answer: dict[str, Any]) -> str:
@@ -155,16 +167,3 @@ def render_explain(a: dict[str, Any]) -> str:
             + (f"; other nodes: {blocked}" if blocked else "")
         )
     return "\n".join(lines)
-
-
-class DeploymentDelete:
-    """Delete a deployment: every replica of it is retired, and nothing replaces them."""
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("model")
-        _common(parser)
-
-    @staticmethod
-    def main(args: argparse.Namespace) -> int:
-        return _call(args, "DELETE", f"/v1/admin/deployments/{args.model}")
