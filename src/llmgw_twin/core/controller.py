@@ -48,10 +48,7 @@ from llmgw_twin.core.model import (
     ProfileName,
     ReplicaId,
     ReplicaState,
-    ShardKey,
-    ShardReport,
     ShardSpec,
-    ShardState,
     Timings,
 )
 from llmgw_twin.core.nodes import NodeRegistry
@@ -76,6 +73,7 @@ from llmgw_twin.core.protocol import (
     Step,
 )
 from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
+from llmgw_twin.core.reports import ShardReports
 
 QUIET_STEP = Step()
 """What a heartbeat that changes nothing but its node's last-seen time returns: the same empty
@@ -118,6 +116,7 @@ class Controller:
             self._life, self._fleet.node_ok, lambda: not self._fleet.guard.held
         )
         self._drain = Drainer(self._life, self._defrag, self._fleet.node_ok)
+        self._reports = ShardReports(self._replicas, self._assignments, self._life, self._out)
         self._operator = Operator(
             self._life, self._profiles, self._deployments, self._failures, self._drain
         )
@@ -234,7 +233,7 @@ class Controller:
                 self._fleet.register(info, now_ms, incarnation)
                 self._fleet.link(info.node, event.fabric_up)
                 self._fleet.gpus_failed(info.node, event.failed_gpus)
-                self._observe(info.node, shards)
+                self._reports.observe(info.node, shards)
             case Heartbeat(node=node, shards=shards):
                 if node not in self._fleet.infos:
                     # unknown here (registered while this controller was down, say)
@@ -246,7 +245,7 @@ class Controller:
                 self._fleet.hear(node, now_ms)
                 self._fleet.link(node, event.fabric_up)
                 self._fleet.gpus_failed(node, event.failed_gpus)
-                self._observe(node, shards)
+                self._reports.observe(node, shards)
             case (
                 ApplyProfile()
                 | ApplyDeployment()
@@ -373,89 +372,6 @@ class Controller:
         return self._out.flush(
             tuple(commands), wake_at_ms=now_ms + self.timings.reconcile_interval_ms
         )
-
-    # --- nodes -------------------------------------------------------------------------------
-
-    def _observe(self, node: NodeId, shards: tuple[ShardReport, ...]) -> None:
-        """Record a node's full report: every shard it runs, and by omission what it does not.
-
-        A report equal to the last one, against an unchanged assignment, changes nothing: the
-        usual heartbeat costs one comparison."""
-        assignments = self._assignments
-        if assignments.unchanged(node, shards):
-            return
-        assignments.record_report(node, shards)
-        reported: set[ShardKey] = set()
-        for report in shards:
-            key = report.spec.key
-            reported.add(key)
-            rec = self._replicas.get(key.replica)
-            if rec is None or not rec.state.live or not rec.placed:
-                assignments.dirty.add(node)  # an orphan: the next assignment drops it
-                continue
-            if (
-                report.spec.node != node
-                or key.rank >= len(rec.specs)
-                or not rec.specs[key.rank].same_shard(report.spec)
-            ):
-                # not the shard this replica placed here: a node speaks for itself only
-                assignments.dirty.add(node)
-                continue
-            self._record_report(rec, key.rank, report)
-        wanted = assignments.keys(node)
-        if set(wanted) != reported:
-            assignments.out_of_sync(node)
-        for key in sorted(wanted):
-            rec = self._replicas[key.replica]
-            if rec.state.live and key not in reported and key.rank in rec.reports:
-                # it ran here and is gone without an exit report: the agent lost it
-                reason = f"shard {key.rank} vanished from {node}"
-                self._life.fail(rec, reason, node, crash=True, reporter=node)
-
-    def _record_report(self, rec: ReplicaRecord, rank: int, report: ShardReport) -> None:
-        before = rec.reports.get(rank)
-        rec.reports[rank] = report
-        if before is not None and before.state is report.state:
-            return
-        spec = rec.specs[rank]
-        if report.state is ShardState.EXITED:
-            # whole no more: out of service in this very step, not at the next tick
-            reason = f"shard {rank} exited with code {report.exit_code} on {spec.node}"
-            if report.reason is not None:  # the agent's own words: it refused, or stopped it
-                reason = (
-                    f"shard {rank} on {spec.node}: {report.reason} (exit code {report.exit_code})"
-                )
-            self._life.fail(rec, reason, spec.node, crash=True, reporter=spec.node)
-            return
-        if rec.state is ReplicaState.ADOPTING:
-            return  # a shard that was running before the restart: nothing started it now
-        if rank == 0 and report.state is ShardState.UNRESPONSIVE:
-            if rec.state is ReplicaState.READY:
-                reason = f"leader on {spec.node} not answering its health probe"
-                self._life.degrade(rec, reason)
-            return  # not ready yet: its start deadline judges it
-        if rank == 0 and report.state is ShardState.SERVING and rec.state is ReplicaState.DEGRADED:
-            self._life.recover(rec, report.endpoint)
-            return
-        up = ShardState.SERVING if rank == 0 else ShardState.RUNNING
-        if rec.state in (ReplicaState.READY, ReplicaState.DEGRADED) and report.state is not up:
-            reason = f"shard {rank} on {spec.node} went {report.state.value}"
-            self._life.fail(rec, reason, spec.node, crash=True, reporter=spec.node)
-            return
-        if report.state is ShardState.STARTING:
-            self._out.emit(
-                "shard.started",
-                node=spec.node,
-                model=rec.model,
-                replica=rec.id,
-                rank=rank,
-                argv=report.argv,
-            )
-        elif report.state is ShardState.SERVING:
-            self._out.emit(
-                "shard.serving", node=spec.node, model=rec.model, replica=rec.id, rank=rank
-            )
-        self._replicas.dirty.add(rec.id)
 
     # --- adoption ----------------------------------------------------------------------------
 
