@@ -44,13 +44,10 @@ from fastapi.responses import Response
 from llmgw_twin.core.apply import apply_step
 from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.durable import DurableState, Write
-from llmgw_twin.core.explain import never_fits
-from llmgw_twin.core.model import NodeId, ProfileName, TraceEvent
+from llmgw_twin.core.model import NodeId, TraceEvent
 from llmgw_twin.core.protocol import (
     ApplyDeployment,
     ApplyProfile,
-    ClearFailedGpu,
-    ClearQuarantine,
     ControllerCommand,
     ControllerEvent,
     ControllerLagged,
@@ -59,15 +56,12 @@ from llmgw_twin.core.protocol import (
     Step,
 )
 from llmgw_twin.core.routing import Router, snapshot_of
+from llmgw_twin.service.admin_calls import AdminCalls
 from llmgw_twin.service.auth import (
     Caller,
     ControllerKeys,
-    CredentialRequestW,
-    CredentialW,
     NodeCredential,
     load_secret,
-    new_token,
-    token_hash,
 )
 from llmgw_twin.service.committer import Committer
 from llmgw_twin.service.config import ControllerSettings
@@ -79,10 +73,8 @@ from llmgw_twin.service.lag import LagMonitor
 from llmgw_twin.service.metrics import ControllerMetrics
 from llmgw_twin.service.views import fleet_state, model_list
 from llmgw_twin.service.wire import (
-    DeploymentW,
     HeartbeatW,
     NodeRegisteredW,
-    ProfileW,
     Refused,
     ReportReplyW,
     TraceEventW,
@@ -106,7 +98,7 @@ def _die(message: str) -> NoReturn:
     os._exit(EXIT_FATAL)
 
 
-class ControllerRuntime:
+class ControllerRuntime(AdminCalls):
     def __init__(
         self,
         settings: ControllerSettings,
@@ -350,78 +342,6 @@ class ControllerRuntime:
         step = await self._handle(msg, answered_in_band=msg.node)
         self.metrics.heartbeats += 1
         return any(isinstance(c, RequestReport) and c.node == msg.node for c in step.commands)
-
-    async def put_profile(self, name: str, body: ProfileW) -> dict[str, Any]:
-        await self._handle(ApplyProfile(body.to_core(name)))
-        return {"name": name, **body.model_dump(mode="json")}
-
-    async def put_deployment(self, model: str, body: DeploymentW) -> dict[str, Any]:
-        """Accepted even when it can never fit the fleet as registered (nodes may yet join), but
-        answered with the reason at once, in `warnings`."""
-        dep = body.to_core(model)
-        await self._handle(ApplyDeployment(dep))
-        self.feed.touch()  # the routers' model lists change with no routing event
-        profile = self.core.profile(dep.profile)
-        never = never_fits(self.core, profile) if profile is not None and dep.replicas else None
-        warnings = [f"deployment {model} can never fit: {never}"] if never is not None else []
-        return {"model": model, **body.model_dump(mode="json"), "warnings": warnings}
-
-    async def clear_failed_gpu(self, node: str, gpu: int) -> dict[str, Any]:
-        try:
-            await self._handle(ClearFailedGpu(NodeId(node), gpu))
-        except Refused as e:
-            raise Refused(str(e), 404) from None
-        return {"node": node, "gpu": gpu, "cleared": True}
-
-    async def clear_quarantine(self, node: str, profile: str | None) -> dict[str, Any]:
-        name = ProfileName(profile) if profile is not None else None
-        try:
-            await self._handle(ClearQuarantine(NodeId(node), name))
-        except Refused as e:
-            raise Refused(str(e), 404) from None
-        return {"node": node, "profile": profile, "cleared": True}
-
-    # --- credentials -------------------------------------------------------------------------
-
-    def _need_keys(self) -> ControllerKeys:
-        if self.keys is None:
-            raise Refused("this controller asks no credentials (its config has no auth)", 409)
-        return self.keys
-
-    async def issue_credential(self, node: str, body: CredentialRequestW) -> CredentialW:
-        """Onboard a node, or rotate its credential: the old token stops working at once."""
-        keys = self._need_keys()
-        token = new_token()
-        url = body.agent_url.rstrip("/")
-        async with self._lock:
-            cred = NodeCredential(node, token_hash(token), url, self.now_ms())
-            await self.committer.run(
-                self.store.put_credential, cred.node, cred.token_sha256, url, cred.issued_ms
-            )
-            keys.put(cred)
-            self._agent_urls[NodeId(node)] = url
-        log.info("issued a credential for node %s, bound to %s", node, url)
-        return CredentialW(
-            node=node,
-            agent_url=url,
-            issued_ms=cred.issued_ms,
-            token=token,
-            controller_token=keys.controller_token(cred),
-        )
-
-    async def revoke_credential(self, node: str) -> dict[str, Any]:
-        """The node's token stops working; nothing more is sent to it, and its silence makes
-        it lost after `node_lost_after` (its replicas are replaced as for any lost node)."""
-        keys = self._need_keys()
-        async with self._lock:
-            if keys.node(node) is None:
-                raise Refused(f"node {node} has no credential", 404)
-            # durable first, as an onboarding is: memory never says revoked what the store keeps
-            await self.committer.run(self.store.delete_credential, node)
-            keys.revoke(node)
-            self._agent_urls.pop(NodeId(node), None)
-        log.warning("revoked node %s's credential", node)
-        return {"node": node, "revoked": True}
 
     # --- views -------------------------------------------------------------------------------
 
