@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, assert_never
@@ -44,7 +46,6 @@ from llmgw_twin.core.model import NodeInfo
 from llmgw_twin.core.protocol import (
     AgentEvent,
     Assigned,
-    FabricLink,
     Heartbeat,
     HeartbeatDue,
     NodeRegistered,
@@ -57,6 +58,7 @@ from llmgw_twin.core.protocol import (
 from llmgw_twin.service.auth import AgentKeys, CredentialFile
 from llmgw_twin.service.config import AgentSettings
 from llmgw_twin.service.limits import BodyLimit
+from llmgw_twin.service.node_watch import NodeWatch, engines_on, poll_interval_ms
 from llmgw_twin.service.replies import CONFLICT, ERRORS
 from llmgw_twin.service.serving import lifespan_of
 from llmgw_twin.service.shards import ShardRunner
@@ -127,7 +129,15 @@ class AgentRuntime:
         if settings.credential is not None:
             self.keys = self._read_credential()
         self.incarnation = time.time_ns() // 1000  # differs at every start of the agent
-        self.core = AgentCore(self.info, incarnation=self.incarnation)
+        # failed GPUs and links down as the node shows them now: a GPU stays failed across
+        # restarts of the agent, as the hardware keeps it failed
+        self.watch = NodeWatch(settings.root, settings.use_nvml)
+        self.core = AgentCore(
+            self.info,
+            incarnation=self.incarnation,
+            failed_gpus=tuple(sorted(self.watch.failed)),
+            fabric_up=self.watch.links_up is not False,
+        )
         self._t0_ns = time.monotonic_ns()
         self.shards = ShardRunner(settings, self._feed, self.now_ms)
         self._controller_transport = controller_transport
@@ -183,6 +193,7 @@ class AgentRuntime:
         self._tasks = [
             asyncio.create_task(self._send_reports()),
             asyncio.create_task(self._heartbeats()),
+            asyncio.create_task(self._watch_node()),
         ]
 
     async def stop(self) -> None:
@@ -199,21 +210,29 @@ class AgentRuntime:
         interval_s = self.settings.heartbeat_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            self._check_fabric()
             self._feed(HeartbeatDue())
 
-    def _check_fabric(self) -> None:
-        """Read the InfiniBand port state once per heartbeat: a node whose links went down
-        says so (the controller keeps multi-node shards off it until they are back)."""
-        from llmgw_twin.service.inventory import fabric_links_up
+    async def _watch_node(self) -> None:
+        """Re-read the failed GPUs and the InfiniBand port state, several times a heartbeat: a
+        change is reported at once (links down keep multi-node shards off the node), and the
+        engines on a failed GPU are stopped."""
+        interval_s = poll_interval_ms(self.settings.heartbeat_interval_ms) / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            failed, links_up = await asyncio.to_thread(self.watch.read)
+            for event in self.watch.changes(failed, links_up):
+                log.warning("node %s: %s", self.info.node, event)
+                self._feed(event)
+            self._kill_on_failed_gpus()
 
-        try:
-            up = fabric_links_up(self.settings.root)
-        except OSError as e:
-            log.warning("reading the fabric link state failed: %s", e)
-            return
-        if up is not None:
-            self._feed(FabricLink(up))
+    def _kill_on_failed_gpus(self) -> None:
+        """SIGKILL the engine of every shard on a failed GPU (its exit is reported as any)."""
+        for key in engines_on(self.watch.failed, self.core.shards()):
+            pid = self.shards.describe(key).get("engine_pid")
+            if isinstance(pid, int):
+                log.error("shard %s/%d is on a failed GPU: killed", key.replica, key.rank)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)  # the engine leads its own group
 
     # --- the core ----------------------------------------------------------------------------
 
@@ -227,6 +246,7 @@ class AgentRuntime:
                     self.shards.start_sidecar(spec)
                 case StartEngine(spec=spec):
                     self.shards.start_engine(spec)
+                    self._kill_on_failed_gpus()  # an engine on a failed GPU dies at once
                 case StopShard(key=key, token=token):
                     self.shards.stop(key, token)
                 case SendReport(report=report):

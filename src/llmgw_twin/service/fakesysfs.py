@@ -9,13 +9,18 @@ a host bridge and an Ethernet NIC from other vendors. `fabric_prefix_for(name)` 
 name to a subnet prefix, so a harness can give every node of one scenario fabric the same prefix
 and recover the fabric id with `inventory.fabric_id_for_prefix`.
 
+A written tree can then be changed as hardware changes: `fail_gpu(root, i)` makes GPU i fall off
+the bus (its PCI config space reads all ones, as a device that no longer answers does), and
+`set_port_state(root, up)` takes every InfiniBand port down (`1: DOWN`, `2: Polling`) or back up.
+
 Invariants:
 - Deterministic: every byte written is a function of the arguments (no clock, no randomness, no
   host state), so the same call writes the same tree on every machine.
 - Writes only below `<root>/sys`, only plain directories and files, no symlinks (real sysfs links
   `bus/pci/devices/*` and `class/infiniband/*` into `devices/`; a reader that follows links reads
   both alike, and a tree without links can be copied or carried anywhere).
-- Refuses to write into the host's `/` or over an existing `<root>/sys`.
+- Refuses to write into the host's `/` or over an existing `<root>/sys`; the changes after it
+  touch only a tree that exists and is not the host's.
 - Values are formatted as the kernel formats them, newline-terminated.
 """
 
@@ -121,6 +126,54 @@ def _pci_function(
     _write(d / "class", f"0x{class_code:06x}")
     _write(d / "revision", "0xa1")
     _write(d / "numa_node", str(numa))
+    (d / "config").write_bytes(_config_space(vendor, device, class_code))
+
+
+def _config_space(vendor: int, device: int, class_code: int) -> bytes:
+    """The first 64 bytes of a function's PCI config space, as an unprivileged read returns
+    them: vendor and device ids (little-endian), revision, class code; the rest zero."""
+    head = vendor.to_bytes(2, "little") + device.to_bytes(2, "little") + bytes(4)
+    head += bytes([0xA1]) + class_code.to_bytes(3, "little")
+    return head + bytes(64 - len(head))
+
+
+def _existing_sys(root: Path) -> Path:
+    root = Path(root)
+    if root.resolve() == HOST_ROOT.resolve():
+        raise ValueError(f"refusing to change the host's own sysfs under {root}")
+    sys_dir = root / "sys"
+    if not sys_dir.is_dir():
+        raise FileNotFoundError(f"{sys_dir} does not exist; write the tree first")
+    return sys_dir
+
+
+def fail_gpu(root: Path, index: int) -> None:
+    """GPU `index` (the inventory's sysfs index: NVIDIA GPU functions in PCI address order)
+    falls off the bus: its directory stays, as the kernel keeps a device that stopped
+    answering, but its config space now reads all ones (`0xffff` for the vendor id)."""
+    pci = _existing_sys(root) / "bus" / "pci" / "devices"
+    gpus = sorted(
+        d
+        for d in pci.iterdir()
+        if (d / "vendor").read_text().strip() == "0x10de"
+        and int((d / "class").read_text(), 16) >> 8 in (0x0300, 0x0302)
+    )
+    if not 0 <= index < len(gpus):
+        raise ValueError(f"no GPU {index}: the tree has {len(gpus)}")
+    (gpus[index] / "config").write_bytes(b"\xff" * 64)
+
+
+def set_port_state(root: Path, up: bool) -> None:
+    """Every InfiniBand port of the tree goes down (`1: DOWN`, physically `2: Polling`, no LID:
+    a link whose cable or switch failed) or comes back (`4: ACTIVE`, `5: LinkUp`); the GID
+    table is left as it was, so the subnet prefix a node had is kept while its link is down."""
+    ib = _existing_sys(root) / "class" / "infiniband"
+    for port in sorted(ib.glob("*/ports/*")) if ib.is_dir() else ():
+        guid = (port.parent.parent / "node_guid").read_text().strip()
+        _write(port / "state", "4: ACTIVE" if up else "1: DOWN")
+        _write(port / "phys_state", "5: LinkUp" if up else "2: Polling")
+        _write(port / "lid", _lid(guid) if up else "0x0")
+        _write(port / "sm_lid", "0x1" if up else "0x0")
 
 
 def _ib_device(d: Path, node: str, j: int, prefix: str, rate: str, state: str) -> None:
@@ -137,7 +190,7 @@ def _ib_device(d: Path, node: str, j: int, prefix: str, rate: str, state: str) -
     _write(port / "phys_state", "5: LinkUp" if active else "2: Polling")
     _write(port / "rate", rate)
     _write(port / "link_layer", "InfiniBand")
-    _write(port / "lid", f"0x{1 + int(guid[-4:], 16) % 0xBFFE:x}" if active else "0x0")
+    _write(port / "lid", _lid(guid) if active else "0x0")
     _write(port / "sm_lid", "0x1" if active else "0x0")
     _write(port / "lid_mask_count", "0")
     _write(port / "sm_sl", "0")
@@ -147,6 +200,11 @@ def _ib_device(d: Path, node: str, j: int, prefix: str, rate: str, state: str) -
     for k in range(1, _GIDS_PER_PORT):
         _write(port / "gids" / str(k), ":".join(["0000"] * 8))
     _write(port / "pkeys" / "0", "0xffff")
+
+
+def _lid(guid: str) -> str:
+    """The LID a subnet manager gave the port: unicast, 0x1..0xbfff, derived from its GUID."""
+    return f"0x{1 + int(guid[-4:], 16) % 0xBFFE:x}"
 
 
 def _guid(node: str, j: int) -> str:

@@ -85,6 +85,9 @@ class Inventory:
     fabric: FabricId | None
     gpu_source: GpuSource  # where `gpus` came from; "none" when there are none
     warnings: tuple[str, ...] = ()
+    failed_gpus: tuple[int, ...] = ()
+    """Indexes of GPUs that are there but do not answer (fallen off the bus): not in `gpus`,
+    but counted, so every other GPU keeps its index."""
 
 
 def normalize_subnet_prefix(text: str) -> str:
@@ -113,10 +116,12 @@ def read_inventory(
     if fabric is not None and not fabric.strip():
         raise ValueError("the operator's fabric name is empty")
     reader = _Reader(Path(root))
-    sysfs_gpus = _sysfs_gpus(reader)
+    sysfs_gpus, failed = _sysfs_gpus(reader)
     gpus: list[GpuDevice] | None = None
     if use_nvml and Path(root).resolve() == HOST_ROOT.resolve():
         gpus = _nvml_gpus(reader)
+        if gpus is not None:
+            failed = reader.lost  # NVML's indexes; sysfs's lost ones are moot
         if gpus is not None and len(gpus) != len(sysfs_gpus):
             reader.warn(
                 f"NVML reports {len(gpus)} GPU(s) but sysfs lists {len(sysfs_gpus)} NVIDIA GPU "
@@ -126,8 +131,9 @@ def read_inventory(
     gpus = sysfs_gpus if gpus is None else gpus
     ports = _ib_ports(reader)
     chosen = FabricId(fabric.strip()) if fabric is not None else _derive_fabric(reader, ports)
-    source = source if gpus else "none"
-    return Inventory(tuple(gpus), tuple(ports), chosen, source, tuple(reader.warnings))
+    source = source if gpus or failed else "none"
+    warnings = tuple(reader.warnings)
+    return Inventory(tuple(gpus), tuple(ports), chosen, source, warnings, tuple(failed))
 
 
 def fabric_links_up(root: Path) -> bool | None:
@@ -163,9 +169,8 @@ def to_node_info(
         raise ValueError(f"node {node}: unknown engine(s) {unknown}; known: {list(ENGINES)}")
     known = [g.memory_mib for g in inv.gpus if g.memory_mib is not None]
     memory = min(known) if known else gpu_memory_mib_default
-    return NodeInfo(
-        NodeId(node), inv.fabric, len(inv.gpus), memory, tuple(EngineName(e) for e in names)
-    )
+    count = len(inv.gpus) + len(inv.failed_gpus)  # a failed GPU keeps its index, reported failed
+    return NodeInfo(NodeId(node), inv.fabric, count, memory, tuple(EngineName(e) for e in names))
 
 
 class _Reader:
@@ -174,6 +179,8 @@ class _Reader:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.warnings: list[str] = []
+        self.lost: list[int] = []
+        """NVML indexes whose handle failed: counted, reported failed."""
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -238,9 +245,21 @@ def _pci_address(text: str | None) -> tuple[tuple[int, ...], str] | None:
     return key, "{:04x}:{:02x}:{:02x}.{:x}".format(*key)
 
 
-def _sysfs_gpus(r: _Reader) -> list[GpuDevice]:
-    """NVIDIA VGA/3D-controller functions under `sys/bus/pci/devices`, by PCI address."""
-    found: list[tuple[tuple[int, ...], str, str]] = []
+def _fell_off_the_bus(d: Path) -> bool:
+    """The function's config space reads all ones, as a device that stopped answering does
+    (without a readable `config`, as in older trees, it is taken as answering)."""
+    try:
+        with (d / "config").open("rb") as f:
+            head = f.read(2)
+    except OSError:
+        return False
+    return head == b"\xff\xff"
+
+
+def _sysfs_gpus(r: _Reader) -> tuple[list[GpuDevice], list[int]]:
+    """NVIDIA VGA/3D-controller functions under `sys/bus/pci/devices`, by PCI address, and the
+    indexes of those fallen off the bus (left out of the first list, their index kept)."""
+    found: list[tuple[tuple[int, ...], str, str, Path]] = []
     for entry in r.listdir(r.root / "sys/bus/pci/devices", missing_ok=False):
         address = _pci_address(entry.name)
         if address is None:
@@ -253,9 +272,16 @@ def _sysfs_gpus(r: _Reader) -> list[GpuDevice]:
             continue
         device_id = r.hex_value(entry / "device")
         name = f"NVIDIA [10de:{device_id:04x}]" if device_id is not None else "NVIDIA [10de:?]"
-        found.append((*address, name))
+        found.append((*address, name, entry))
     found.sort()
-    return [GpuDevice(i, address, name) for i, (_, address, name) in enumerate(found)]
+    gpus, lost = [], []
+    for i, (_, pci, name, entry) in enumerate(found):
+        if _fell_off_the_bus(entry):
+            r.warn(f"GPU {i} ({pci}): its config space reads all ones (fallen off the bus)")
+            lost.append(i)
+        else:
+            gpus.append(GpuDevice(i, pci, name))
+    return gpus, lost
 
 
 def _nvml_gpus(r: _Reader) -> list[GpuDevice] | None:
@@ -294,6 +320,7 @@ def _nvml_devices(r: _Reader, nvml: Any) -> list[GpuDevice] | None:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except Exception as e:  # e.g. a GPU lost from the bus: unusable, so left out
             r.warn(f"NVML GPU {index}: no handle ({_describe(e)}); left out")
+            r.lost.append(index)
             continue
         answers: dict[str, Any] = {}
         for what, call in (
