@@ -162,8 +162,8 @@ def _cannot(path: str, doing: str, err: Exception) -> str:
 
 
 def cmd_run_real(args: argparse.Namespace) -> int:
-    from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
     from llmgw_twin.realmode.faults import check_real_supported
+    from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
     from llmgw_twin.realmode.runner import run_real
     from llmgw_twin.twin.loader import ScenarioError, load_scenario
     from llmgw_twin.twin.runner import run_scenario
