@@ -20,7 +20,10 @@ Invariants:
 - Core calls happen in `_feed`, which never awaits: the core's commands are started in the
   order given, each as a task where it must wait.
 - Every process it starts (sidecars, engines) is in its own process group and is stopped as a
-  group on `StopShard` and on the agent's shutdown; nothing is left behind.
+  group on `StopShard` and on the agent's shutdown (SIGTERM, SIGINT); nothing is left behind.
+  Killed (SIGKILL) or crashed, the agent leaves them running, named in its run-state file, and
+  the next agent on the node adopts those whose sidecar and engine both still run and ends the
+  rest, before it registers (`ShardRunner.adopt`, `resume`; docs/services.md, "Agent restarts").
 - Reports go to the controller one at a time, in the order the core made them (a newer
   heartbeat replaces one not yet sent), so the controller never sees a state go backwards.
 """
@@ -129,17 +132,19 @@ class AgentRuntime:
         if settings.credential is not None:
             self.keys = self._read_credential()
         self.incarnation = time.time_ns() // 1000  # differs at every start of the agent
+        self._t0_ns = time.monotonic_ns()
+        self.shards = ShardRunner(settings, self._feed, self.now_ms, self.incarnation)
+        adopted = self.shards.adopt()  # an earlier agent's shards that still run
         # failed GPUs and links down as the node shows them now: a GPU stays failed across
         # restarts of the agent, as the hardware keeps it failed
         self.watch = NodeWatch(settings.root, settings.use_nvml)
         self.core = AgentCore(
             self.info,
             incarnation=self.incarnation,
+            shards=adopted,
             failed_gpus=tuple(sorted(self.watch.failed)),
             fabric_up=self.watch.links_up is not False,
         )
-        self._t0_ns = time.monotonic_ns()
-        self.shards = ShardRunner(settings, self._feed, self.now_ms)
         self._controller_transport = controller_transport
         self._client: httpx.AsyncClient | None = None
         self._outbox = _Outbox()
@@ -181,6 +186,7 @@ class AgentRuntime:
             verify=client_verify(self.settings.controller_tls),
         )
         await self.shards.start()
+        await self.shards.resume()  # before registering: what it reports runs, the rest ended
         log.info(
             "node %s: fabric %s, %d GPUs, engines %s; controller %s",
             self.info.node,

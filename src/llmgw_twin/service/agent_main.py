@@ -3,7 +3,9 @@
 Role: read the config (exit 2 naming the file and the key on any mistake) and the node's
 inventory under the configured root (exit 2 when it cannot say what the node is, e.g. no fabric),
 then serve the agent's API until SIGINT or SIGTERM. uvicorn turns either signal into a graceful
-shutdown, and the runtime's shutdown stops every shard it started, each as a process group.
+shutdown, and the runtime's shutdown stops every shard it started, each as a process group. An
+agent killed with SIGKILL (or crashed) stops nothing: the next one adopts what still runs. A
+run-state file that cannot be locked (another agent of the node runs), read or written is exit 2.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from llmgw_twin.service import serving
 from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
 from llmgw_twin.service.config import ConfigError, load_agent_config
+from llmgw_twin.service.runstate import RunStateError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         settings = load_agent_config(args.config)
         runtime = AgentRuntime(settings)
-    except (ConfigError, ValueError, OSError) as e:
+    except (ConfigError, RunStateError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
     app = create_agent_app(runtime)

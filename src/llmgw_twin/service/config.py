@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, assert_never
@@ -142,6 +143,7 @@ class AgentFile(_Strict):
     worker_settle: Duration = "1s"
     ready_timeout: Duration = "30m"
     log_dir: Text | None = None
+    run_state: Text | None = None
     policy: PolicyC = PolicyC()
     credential: Text | None = None
     controller_tls: ClientTlsC | None = None
@@ -201,6 +203,8 @@ class AgentSettings:
     """The node's credential file (`llmgw-twin ctl onboard`); None: no credentials."""
     tls: ServerTls | None = None
     controller_tls: ClientTls | None = None
+    run_state: Path | None = None
+    """The run-state file (`runstate.py`); None: none, and nothing of an earlier run adopted."""
 
     @property
     def engine_names(self) -> tuple[str, ...]:
@@ -211,7 +215,11 @@ class AgentSettings:
         return dict(self.engines).get(engine)
 
     def address_of(self, node: str) -> str:
-        return dict(self.peer_addresses).get(node) or self.peer_address_default or node
+        """Where `node`'s engines are reached; this node itself, unless listed: `engine_host`."""
+        peers = dict(self.peer_addresses)
+        if node == self.node and node not in peers:
+            return self.engine_host
+        return peers.get(node) or self.peer_address_default or node
 
 
 def read_settings(path: Path) -> Any:
@@ -397,4 +405,11 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         credential=credential,
         tls=tls,
         controller_tls=client_tls(path, f.controller_tls),
+        run_state=relative(path, f.run_state or f"{_state_dir()}/{f.node}.run.json"),
     )
+
+
+def _state_dir() -> str:
+    """Where the run state goes by default: the systemd unit's state directory (its first, as
+    systemd sets `$STATE_DIRECTORY` from `StateDirectory=`), else beside the config file."""
+    return os.environ.get("STATE_DIRECTORY", "").split(":")[0] or "."

@@ -4,14 +4,22 @@ Role: the only place the production shell starts or signals a process. `spawn` r
 (never through a shell) as the leader of a new session, so the process and everything it starts
 share one process group that `stop_group` can end at once. `peek_exit` learns of an exit
 without reaping it, so the group's id cannot be reused before the group has been killed.
+`Adopted` is a process an earlier agent started and this one found alive (the same pid with
+the same start time, `proc_stat`): not a child, so it is watched through /proc, its exit status
+is never known (`UNKNOWN_EXIT`), and its group is signalled only while `group_is_ours`.
 
 Invariants:
 - `spawn` takes an argv list and never a command string; `shell=True` appears nowhere.
 - `stop_group` sends SIGTERM to the whole group, waits at most `grace_s` for the leader, then
   sends SIGKILL to whatever is left of the group (the leader still unreaped, so its id still
   names this group), and only then reaps the leader. It returns in bounded time.
-- Ports handed out by `PortPool` are within the configured range, free to bind when handed out,
-  and never handed out twice until released.
+- An adopted group is signalled only while its leader is the very process recorded (same start
+  time) or no process has that pid any more: a pid still in use as a group id is never given to
+  a new process, so the group's members are then the leader's own. A pid reused by another
+  process is never signalled.
+- Ports handed out by `PortPool` are within the configured range, free to bind on every address
+  the pool checks (the sidecar's and the engine's) when handed out, never reserved ones, and never
+  handed out twice until released.
 """
 
 from __future__ import annotations
@@ -24,11 +32,62 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 POLL_S = 0.05
 KILL_WAIT_S = 5.0
 """How long to wait for a SIGKILLed leader to be reaped before giving up on it (logged)."""
+UNKNOWN_EXIT = 1007
+"""The exit code reported for an adopted process that ended: it is not this agent's child, so
+its exit status cannot be read. Like the launcher's codes, outside what a program returns."""
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state letter, process group, start time in clock ticks after boot) of process `pid`, read
+    from /proc/PID/stat; None when there is no such process. Other OSErrors (a /proc that
+    hides the process) propagate: the caller cannot tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command's name, which may hold ")"
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def start_ticks(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks after boot), None if it is gone or unreadable:
+    with the pid, it names one process of this boot, whatever pids are reused later."""
+    try:
+        stat = proc_stat(pid)
+    except OSError:
+        return None
+    return stat[2] if stat is not None else None
+
+
+@dataclass(slots=True)
+class Adopted:
+    """A process an earlier agent started, found alive: the same pid with the same start time.
+    Not this process's child, so it cannot be waited for; `returncode` stays None while it runs
+    and becomes `UNKNOWN_EXIT` once it is gone (or a zombie, or its pid names another process)."""
+
+    pid: int
+    start_ticks: int
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                stat = proc_stat(self.pid)
+            except OSError:
+                return None  # cannot tell: taken as still running
+            if stat is None or stat[0] in "ZX" or stat[2] != self.start_ticks:
+                self.returncode = UNKNOWN_EXIT
+        return self.returncode
+
+
+Proc = subprocess.Popen[bytes] | Adopted
+"""A shard process: one this agent started, or one it adopted."""
 
 
 def spawn(
@@ -52,8 +111,11 @@ def spawn(
             out.close()  # the child holds its own descriptor
 
 
-def peek_exit(proc: subprocess.Popen[bytes]) -> int | None:
-    """The exit code if the process ended (negative: killed by that signal), without reaping."""
+def peek_exit(proc: Proc) -> int | None:
+    """The exit code if the process ended (negative: killed by that signal), without reaping;
+    `UNKNOWN_EXIT` for an adopted process that ended."""
+    if isinstance(proc, Adopted):
+        return proc.poll()
     if proc.returncode is not None:
         return proc.returncode
     try:
@@ -72,8 +134,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-async def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> int | None:
+async def stop_group(proc: Proc, grace_s: float) -> int | None:
     """End the process group led by `proc`: SIGTERM, at most `grace_s`, then SIGKILL."""
+    if isinstance(proc, Adopted):
+        return await _stop_adopted(proc, grace_s)
     pgid = proc.pid  # a session leader's group id is its pid
     if proc.returncode is None:
         _signal_group(pgid, signal.SIGTERM)
@@ -85,6 +149,33 @@ async def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> int | Non
     deadline = time.monotonic() + KILL_WAIT_S
     while proc.poll() is None and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
+    return proc.returncode
+
+
+def group_is_ours(pgid: int, leader_start_ticks: int) -> bool:
+    """Whether signalling group `pgid` reaches only what its recorded leader (pid `pgid`, started
+    at `leader_start_ticks`) left: the leader is that very process, or no process has its pid
+    any more (a pid in use as a group id is never given to a new process, so the members left
+    are the leader's own). A pid that now names another process: False."""
+    try:
+        stat = proc_stat(pgid)
+    except OSError:
+        return False
+    return stat is None or stat[2] == leader_start_ticks
+
+
+async def _stop_adopted(proc: Adopted, grace_s: float) -> int | None:
+    """`stop_group` for a group this agent did not start: signalled only while it is still the
+    recorded one's, waited for through /proc."""
+    pgid = proc.pid
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+        if not group_alive(pgid) or not group_is_ours(pgid, proc.start_ticks):
+            break
+        _signal_group(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while group_alive(pgid) and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+    proc.poll()
     return proc.returncode
 
 
@@ -104,11 +195,19 @@ def group_alive(pgid: int) -> bool:
 
 
 class PortPool:
-    """Ports from one inclusive range, each handed out to one user at a time."""
+    """Ports from one inclusive range, each handed out to one user at a time: one that is free
+    to bind on every address in `hosts` (a process listening on any of them, or on all
+    interfaces, holds it) and not reserved (a process that will listen there has not yet)."""
 
-    def __init__(self, first: int, last: int, host: str) -> None:
-        self.first, self.last, self.host = first, last, host
+    def __init__(self, first: int, last: int, hosts: Sequence[str]) -> None:
+        self.first, self.last = first, last
+        self.hosts = tuple(dict.fromkeys(hosts))
         self._taken: set[int] = set()
+
+    def reserve(self, port: int | None) -> None:
+        """Count `port` as taken until it is released (an adopted shard's, say)."""
+        if port is not None:
+            self._taken.add(port)
 
     def take(self) -> int | None:
         for port in range(self.first, self.last + 1):
@@ -122,9 +221,11 @@ class PortPool:
             self._taken.discard(port)
 
     def _bindable(self, port: int) -> bool:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((self.host, port))
-            except OSError:
-                return False
+        for host in self.hosts:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))  # no SO_REUSEADDR: any socket on the port counts
+                except OSError:
+                    return False
         return True

@@ -19,6 +19,11 @@ Invariants:
   (`ready_timeout`), a stop (`stop_grace`, then SIGKILL).
 - A stopped shard's processes leave the table at once (a new shard may reuse its key) and are
   stopped as process groups in the background; `stop_all` waits for every stop.
+- The run-state file (`runstate.py`) is rewritten whenever a shard's processes change, so that
+  an agent started after this one dies finds them: `adopt` (before the core exists) reads it and
+  takes over each shard whose sidecar and engine both still run (their ports reserved, the
+  shard handed to the core in the phase it had), and `resume` (before the agent registers) ends
+  each one partly gone and starts watching the adopted ones: by /proc, as they are no children.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from llmgw_twin.core.agent import LocalShard
 from llmgw_twin.core.model import ShardKey, ShardSpec
 from llmgw_twin.core.protocol import (
     AgentEvent,
@@ -46,20 +52,19 @@ from llmgw_twin.core.protocol import (
     ShardStopped,
     SidecarUp,
 )
-from llmgw_twin.engines.base import Launch
 from llmgw_twin.service.config import AgentSettings
 from llmgw_twin.service.launcher import (
     EXIT_NO_PORT,
     EXIT_NOT_READY,
     EXIT_SIDECAR_FAILED,
     EXIT_SPAWN_FAILED,
-    Probe,
     Refusal,
     checked_launch,
     probe_for,
     sidecar_argv,
 )
-from llmgw_twin.service.processes import PortPool, peek_exit, spawn, stop_group
+from llmgw_twin.service.processes import PortPool, peek_exit, spawn, start_ticks, stop_group
+from llmgw_twin.service.runstate import Keeper, ShardProcs
 
 log = logging.getLogger("llmgw_twin.agent")
 
@@ -76,6 +81,8 @@ PROBE_FAILURES = 2
 HISTORY_KEPT = 1000
 REASON_CHARS = 1000
 """A reason sent to the controller is cut to this length (the wire takes up to 4096)."""
+SIDECAR_HOST = "127.0.0.1"
+"""Where sidecars listen (`launcher.sidecar_argv`): one of the addresses a port must be free on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,34 +100,27 @@ class Happened:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-@dataclass(slots=True)
-class ShardProcs:
-    spec: ShardSpec
-    sidecar_port: int | None = None
-    http_port: int | None = None
-    launch: Launch | None = None
-    argv: tuple[str, ...] = ()
-    """The engine's argv to execute, as `checked_launch` passed it."""
-    probe: Probe | None = None
-    sidecar: subprocess.Popen[bytes] | None = None
-    engine: subprocess.Popen[bytes] | None = None
-    task: asyncio.Task[None] | None = None
-
-
 class ShardRunner:
     def __init__(
         self,
         settings: AgentSettings,
         feed: Callable[[AgentEvent], None],
         now_ms: Callable[[], int],
+        incarnation: int = 0,
     ) -> None:
         self.settings = settings
         self._feed = feed
         self._now_ms = now_ms
+        self.incarnation = incarnation
         self._procs: dict[ShardKey, ShardProcs] = {}
         self._stopping: dict[asyncio.Task[None], ShardProcs] = {}
-        self._ports = PortPool(settings.port_first, settings.port_last, settings.engine_host)
+        self._ending: list[ShardProcs] = []
+        """An earlier agent's shards partly gone, ended by `resume`."""
+        hosts = (SIDECAR_HOST, settings.engine_host)
+        self._ports = PortPool(settings.port_first, settings.port_last, hosts)
         self._client: httpx.AsyncClient | None = None
+        path = settings.run_state
+        self._keeper = Keeper(path, incarnation) if path is not None else None
         self.history: collections.deque[Happened] = collections.deque(maxlen=HISTORY_KEPT)
 
     async def start(self) -> None:
@@ -140,6 +140,44 @@ class ShardRunner:
             await asyncio.gather(*self._stopping, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
+        self._save()
+        if self._keeper is not None:
+            self._keeper.file.close()
+
+    # --- an earlier agent's shards ---------------------------------------------------------
+
+    def adopt(self) -> tuple[LocalShard, ...]:
+        """Lock the run-state file and take over what an earlier agent of this node left
+        (`Keeper.adopt`): the adopted shards, for the core. Raises `RunStateError` (or OSError)
+        when the file cannot be locked, read or written: the agent must not start."""
+        if self._keeper is None:
+            return ()
+        adopted, self._ending = self._keeper.adopt(self._ports)
+        for procs in adopted:
+            self._procs[procs.spec.key] = procs
+            self._note("adopted", procs.spec, procs.engine.pid if procs.engine else None)
+        self._save(raising=True)
+        return tuple(p.local() for p in adopted)
+
+    async def resume(self) -> None:
+        """End the earlier agent's shards that are partly gone (waited for: their GPUs are free
+        before the agent registers), and watch the adopted ones."""
+        for procs in self._ending:
+            codes = await Keeper.end(procs, self.settings.stop_grace_ms / 1000)
+            self._note("ended", procs.spec, None, f"exit codes {codes}")
+            self._ports.release(procs.sidecar_port)
+            self._ports.release(procs.http_port)
+        self._ending = []
+        loop = asyncio.get_running_loop()
+        for procs in self._procs.values():
+            if procs.adopted and procs.task is None:
+                procs.task = loop.create_task(self._watch(procs))
+        self._save()
+
+    def _save(self, raising: bool = False) -> None:
+        if self._keeper is not None:
+            stopping = (*self._stopping.values(), *self._ending)
+            self._keeper.save(self._procs.values(), stopping, raising)
 
     # --- what the core asks for --------------------------------------------------------------
 
@@ -154,12 +192,15 @@ class ShardRunner:
             if procs.launch.port != procs.http_port:
                 self._ports.release(procs.http_port)  # this rank listens elsewhere, or not at all
                 procs.http_port = None
+            procs.engine_port = procs.launch.port
             procs.probe = probe_for(self.settings, procs.launch)
             argv = sidecar_argv(spec, procs.sidecar_port, procs.probe)
             procs.sidecar = self._spawn(argv, None, spec, "sidecar")
         except Refusal as r:
             self._refuse(procs, r)
             return
+        procs.sidecar_argv, procs.sidecar_ticks = argv, start_ticks(procs.sidecar.pid)
+        self._save()
         self._note("sidecar-started", spec, procs.sidecar.pid, " ".join(argv))
         procs.task = asyncio.get_running_loop().create_task(self._await_sidecar(procs))
 
@@ -175,6 +216,9 @@ class ShardRunner:
         except Refusal as r:
             self._refuse(procs, r)
             return
+        procs.engine_ticks = start_ticks(procs.engine.pid)
+        procs.engine_started_ms = time.time_ns() // 1_000_000
+        self._save()
         self._note("engine-started", spec, procs.engine.pid, " ".join(argv))
         loop = asyncio.get_running_loop()
         loop.call_soon(self._feed, EngineStarted(spec.key, argv))
@@ -190,7 +234,12 @@ class ShardRunner:
             procs.task.cancel()
         task = asyncio.get_running_loop().create_task(self._stop(procs, token))
         self._stopping[task] = procs
-        task.add_done_callback(lambda t: self._stopping.pop(t, None))
+        task.add_done_callback(self._stopped)
+        self._save()
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        self._stopping.pop(task, None)
+        self._save()
 
     # --- views -------------------------------------------------------------------------------
 
@@ -203,12 +252,13 @@ class ShardRunner:
             "sidecar_port": procs.sidecar_port,
             "engine_pid": procs.engine.pid if procs.engine is not None else None,
             "engine_port": procs.http_port,
+            "adopted": procs.adopted,
         }
 
     def processes(self) -> list[dict[str, Any]]:
         """Every process this runner started that may still run (running or being stopped)."""
         out = []
-        for procs in [*self._procs.values(), *self._stopping.values()]:
+        for procs in [*self._procs.values(), *self._stopping.values(), *self._ending]:
             for role, proc in (("sidecar", procs.sidecar), ("engine", procs.engine)):
                 if proc is not None and proc.returncode is None:
                     out.append(
@@ -270,11 +320,12 @@ class ShardRunner:
         for proc in (procs.engine, procs.sidecar):
             if proc is not None:
                 await stop_group(proc, grace_s)
+        self._save()
         self._feed(EngineExited(spec.key, exit_code, _reason(message)))
 
     async def _await_sidecar(self, procs: ShardProcs) -> None:
         assert procs.sidecar is not None and self._client is not None
-        url = f"http://127.0.0.1:{procs.sidecar_port}/health"
+        url = f"http://{SIDECAR_HOST}:{procs.sidecar_port}/health"
         deadline = time.monotonic() + self.settings.sidecar_timeout_ms / 1000
         while True:
             code = peek_exit(procs.sidecar)
@@ -300,7 +351,7 @@ class ShardRunner:
         """Ask the sidecar whether the engine is ready (one bounded request)."""
         assert self._client is not None
         try:
-            reply = await self._client.get(f"http://127.0.0.1:{procs.sidecar_port}/engine")
+            reply = await self._client.get(f"http://{SIDECAR_HOST}:{procs.sidecar_port}/engine")
             return reply.status_code == 200 and reply.json().get("up") is True
         except (httpx.HTTPError, ValueError):
             return False
@@ -309,7 +360,9 @@ class ShardRunner:
         assert procs.engine is not None and procs.probe is not None and procs.sidecar is not None
         spec, settings = procs.spec, self.settings
         started = time.monotonic()
-        ready = False
+        if procs.engine_started_ms is not None:  # an adopted engine's time goes on
+            started -= max(0, time.time_ns() // 1_000_000 - procs.engine_started_ms) / 1000
+        ready = procs.ready  # an adopted leader that was serving is probed at once
         leader_probed = spec.rank == 0 and not procs.probe.by_process
         next_probe = 0.0
         failures = 0
@@ -317,7 +370,12 @@ class ShardRunner:
             code = peek_exit(procs.engine)
             if code is not None:
                 self._note("engine-exited", spec, procs.engine.pid, f"exit code {code}")
-                self._feed(EngineExited(spec.key, code))
+                why = None
+                if procs.adopted:
+                    why = (
+                        f"the adopted engine (pid {procs.engine.pid}) ended; its status is unknown"
+                    )
+                self._feed(EngineExited(spec.key, code, why))
                 return
             if not ready:
                 elapsed_ms = (time.monotonic() - started) * 1000
@@ -332,7 +390,11 @@ class ShardRunner:
                     ready = await self._engine_up(procs)
                 if ready:
                     self._note("engine-ready", spec, procs.engine.pid)
-                    self._feed(self._ready_event(procs))
+                    event = self._ready_event(procs)
+                    procs.ready = True
+                    procs.endpoint = event.endpoint if isinstance(event, EngineServing) else None
+                    self._save()
+                    self._feed(event)
                     next_probe = time.monotonic() + PROBE_INTERVAL_S
                 elif elapsed_ms >= settings.ready_timeout_ms:
                     message = f"engine not ready within {settings.ready_timeout_ms} ms"
@@ -354,9 +416,8 @@ class ShardRunner:
 
     def _ready_event(self, procs: ShardProcs) -> AgentEvent:
         spec = procs.spec
-        assert procs.launch is not None
         if spec.rank == 0:
-            endpoint = f"http://{self.settings.engine_host}:{procs.launch.port}"
+            endpoint = procs.endpoint or f"http://{self.settings.engine_host}:{procs.engine_port}"
             return EngineServing(spec.key, endpoint)
         return EngineJoined(spec.key)
 
