@@ -296,7 +296,7 @@ def test_the_units_parse_and_name_the_installed_command(
     assert (service["User"], service["Restart"], service["KillMode"]) == (
         "svc",
         "on-failure",
-        "mixed",
+        "process",
     )
     for hides_devices in ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"):
         assert hides_devices not in service

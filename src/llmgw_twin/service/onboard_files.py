@@ -8,11 +8,11 @@ GPUs and InfiniBand reachable (docs/node-onboarding.md says why each choice was 
 Invariants:
 - Every string in the config reads back as itself (`_y`: plain when YAML would not read it as
   something else, else a double-quoted scalar).
-- The agent unit's `KillMode=mixed`: a stop sends SIGTERM to the agent alone, which stops every
-  shard it started, each as a process group, within `stop_grace`; whatever is left of the unit
-  is then sent SIGKILL. The agent does not adopt the shards of an earlier run (docs/services.md,
-  "Restarts"), so a restart (after a crash too) must not leave an engine running on GPUs and
-  ports the new agent believes free.
+- The agent unit's `KillMode=process`: a stop sends SIGTERM to the agent alone, which stops
+  every shard it started, each as a process group, within `stop_grace`; nothing else of the unit
+  is ever signalled, so after a crash of the agent (SIGKILL included) its shards run on and the
+  agent `Restart=` starts adopts them (docs/services.md, "Agent restarts"): a stop ends the
+  shards, a crash does not.
 - No device is hidden from the agent: no `PrivateDevices`, `DevicePolicy`, `DeviceAllow`, nor
   `ProtectClock` (which implies a device allow-list), so `/dev/nvidia*` and `/dev/infiniband/*`
   stay reachable; no `MemoryDenyWriteExecute` (CUDA and Triton compile code at run time).
@@ -178,9 +178,10 @@ Type=exec
 User={user}
 ExecStart={exec_start}
 {common}\
-# The agent does not adopt the shards of an earlier run: SIGTERM goes to the agent alone, which
-# stops every shard's process group (stop_grace, then SIGKILL); what is left then gets SIGKILL.
-KillMode=mixed
+# A stop is SIGTERM to the agent alone, which stops every shard's process group (stop_grace,
+# then SIGKILL). Nothing else is killed: after a crash, the agent Restart= starts adopts the
+# shards that still run (docs/services.md, "Agent restarts"). `systemctl kill` ends them all.
+KillMode=process
 TimeoutStopSec={stop_s}s
 # Devices stay reachable (GPUs, InfiniBand): no PrivateDevices, DevicePolicy or ProtectClock.
 # RDMA pins memory; engines open many files and threads.
