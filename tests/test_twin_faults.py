@@ -15,7 +15,7 @@ import simpy
 
 from llmgw_twin.core.model import NodeId, NodeInfo, ShardReport, ShardState, Timings
 from llmgw_twin.core.protocol import ControllerEvent, Heartbeat, NodeRegistered
-from llmgw_twin.realmode.runner import check_real_supported
+from llmgw_twin.realmode.faults import check_real_supported
 from llmgw_twin.twin import runner
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.loader import ScenarioError, load_scenario_text
