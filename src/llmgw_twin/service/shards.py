@@ -4,9 +4,10 @@ Role: carries out the agent core's `StartSidecar`, `StartEngine` and `StopShard`
 processes (`processes.spawn`), and feeds back what it observes as core events: `SidecarUp` once
 the sidecar answers `GET /health`; `EngineStarted` with the argv run; `EngineServing` /
 `EngineJoined` by the readiness rule in `agent_app`; after that, a serving leader's health is
-probed every `PROBE_INTERVAL_S` (`EngineUnresponsive` after `PROBE_FAILURES` misses,
-`EngineServing` again on an answer); `EngineExited` with the process's code, or with one of
-`launcher`'s codes and the reason when the engine never ran or the agent stopped it.
+probed every `probe_interval` (an agent setting, default 5 s: `EngineUnresponsive` after
+`PROBE_FAILURES` misses, `EngineServing` again on an answer); `EngineExited` with the process's
+code, or with one of `launcher`'s codes and the reason when the engine never ran or the agent
+stopped it.
 
 Invariants:
 - A shard's command line is checked (its program, the launch policy: `launcher.checked_launch`)
@@ -72,9 +73,6 @@ POLL_S = 0.05
 """Sidecar start polling."""
 WATCH_S = 0.1
 """Engine exit and readiness polling."""
-PROBE_INTERVAL_S = 5.0
-"""How often a serving leader's health is probed (through its sidecar) after it became ready:
-readiness is judged both ways, not once."""
 PROBE_FAILURES = 2
 """Consecutive failed probes (each bounded by the client's 2 s timeout) that make a leader
 `unresponsive`; one answer makes it `serving` again."""
@@ -370,11 +368,7 @@ class ShardRunner:
             code = peek_exit(procs.engine)
             if code is not None:
                 self._note("engine-exited", spec, procs.engine.pid, f"exit code {code}")
-                why = None
-                if procs.adopted:
-                    why = (
-                        f"the adopted engine (pid {procs.engine.pid}) ended; its status is unknown"
-                    )
+                why = "an adopted engine ended; its status is unknown" if procs.adopted else None
                 self._feed(EngineExited(spec.key, code, why))
                 return
             if not ready:
@@ -395,13 +389,13 @@ class ShardRunner:
                     procs.endpoint = event.endpoint if isinstance(event, EngineServing) else None
                     self._save()
                     self._feed(event)
-                    next_probe = time.monotonic() + PROBE_INTERVAL_S
+                    next_probe = time.monotonic() + settings.probe_interval_ms / 1000
                 elif elapsed_ms >= settings.ready_timeout_ms:
                     message = f"engine not ready within {settings.ready_timeout_ms} ms"
                     await self._fail(procs, message, EXIT_NOT_READY)
                     return
             elif leader_probed and time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + PROBE_INTERVAL_S
+                next_probe = time.monotonic() + settings.probe_interval_ms / 1000
                 if await self._engine_up(procs):
                     if failures >= PROBE_FAILURES:
                         self._note("engine-answers", spec, procs.engine.pid)
