@@ -140,7 +140,8 @@ def _run_parser() -> argparse.ArgumentParser:
         "--tolerance",
         default="2s",
         metavar="D",
-        help="real mode: widen every expectation window by D on each side (default 2s)",
+        help="real mode: widen every event window by D on each side (a never window narrows) "
+        "and read a state assertion until D later, never past the next fault (default 2s)",
     )
     run.add_argument(
         "--compare",
@@ -167,7 +168,7 @@ def cmd_run_real(args: argparse.Namespace) -> int:
     from llmgw_twin.realmode.runner import run_real
     from llmgw_twin.twin.loader import ScenarioError, load_scenario
     from llmgw_twin.twin.runner import run_scenario
-    from llmgw_twin.twin.timescale import scale_scenario, widen
+    from llmgw_twin.twin.timescale import scale_scenario
     from llmgw_twin.units import parse_duration
 
     try:
@@ -200,11 +201,13 @@ def cmd_run_real(args: argparse.Namespace) -> int:
         )
         report: dict[str, object] = to_json(result)
         text = timeline(result) if not args.quiet else verdict(result)
-        if args.compare:
-            twin = run_scenario(widen(scale_scenario(scenario, args.time_scale), tolerance_ms))
-            rows, same = fidelity(twin, result)
-            report["fidelity"] = {"rows": rows, "same_decisions": same}
-            text += "\nfidelity (twin vs real, same scaled file)\n" + fidelity_table(rows, same)
+        if args.compare:  # the twin's prediction: the scaled file, judged as the twin judges it
+            twin = run_scenario(scale_scenario(scenario, args.time_scale))
+            fid = fidelity(twin, result)
+            report["fidelity"] = fid.as_json()
+            text += "\nfidelity (twin vs real, same scaled file)\n" + fidelity_table(
+                fid.rows, fid.same, fid.differences
+            )
         print(json.dumps(report, sort_keys=True) if args.json else text)
         if not result.passed:
             worst = max(worst, EXIT_FAILED)

@@ -1,5 +1,12 @@
 """State assertions and invariants judged from outside real processes.
 
+A state assertion (`at: T`) is read on the controller's admin state at T; real processes get
+where the twin got at once a little later, so a reading that does not hold is followed by
+another every poll, until one holds or the span ends (`state_span`): T plus the tolerance, but
+never within `STATE_MARGIN_MS` of the next fault after T, whose effects the assertion does not
+speak of. The assertion passes if any reading in the span held, and says how long after T
+(`judge_state_readings`): the run's measured lag for that assertion.
+
 The twin checks its invariants against ground truth it holds; a real run only has what the
 controller's admin state, its event log, the agents' own state and the router's answers show,
 read every poll. So in real mode:
@@ -17,6 +24,8 @@ read every poll. So in real mode:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -25,17 +34,47 @@ from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.twin.expect import Outcome
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import INVARIANTS, Scenario, StateExpectation
-from llmgw_twin.units import fmt_ms
+from llmgw_twin.units import fmt_ms, fmt_offset
 
 ROUTE_SLACK_MS = 50
 """Clock mapping between processes is good to a few ms; a pick this close to a failure is a race,
 not a violation."""
 
 
-def judge_state_real(exp: StateExpectation, state: dict[str, Any] | None) -> Outcome:
-    at = f"at {fmt_ms(exp.at_ms)}: "
+STATE_MARGIN_MS = 100
+"""A state assertion is never read later than this before the next fault's instant: a reading
+must show the state the fault has not yet touched."""
+
+
+def state_span(exp: StateExpectation, fault_times: Sequence[int], tolerance_ms: int) -> int:
+    """The last instant at which `exp` may still be read: its instant plus the tolerance, but
+    never within `STATE_MARGIN_MS` of the next fault after its instant (and never before the
+    instant itself: then it gets the one reading at its instant)."""
+    end = exp.at_ms + tolerance_ms
+    later = [t for t in fault_times if t > exp.at_ms]
+    if later:
+        end = min(end, min(later) - STATE_MARGIN_MS)
+    return max(exp.at_ms, end)
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One reading of the controller's state for one assertion: when its answer came, and what
+    was wrong (None: the controller did not answer; empty: the assertion held) or seen."""
+
+    t_ms: int
+    problems: tuple[str, ...] | None
+    seen: tuple[str, ...] = ()
+
+    @property
+    def held(self) -> bool:
+        return self.problems is not None and not self.problems
+
+
+def read_state(exp: StateExpectation, t_ms: int, state: dict[str, Any] | None) -> Reading:
+    """What the controller's admin state (None: no answer) says of each of `exp`'s assertions."""
     if state is None:
-        return Outcome(exp.text, exp.line, False, at + "the controller did not answer")
+        return Reading(t_ms, None)
     replicas = state["replicas"]
     problems: list[str] = []
     seen: list[str] = []
@@ -64,9 +103,30 @@ def judge_state_real(exp: StateExpectation, state: dict[str, Any] | None) -> Out
         seen.append(f"{fabric} {got}")
         if got != want:
             problems.append(f"{fabric} holds {got} replicas, want {want}")
-    if problems:
-        return Outcome(exp.text, exp.line, False, at + "; ".join(problems))
-    return Outcome(exp.text, exp.line, True, at + ", ".join(seen))
+    return Reading(t_ms, tuple(problems), tuple(seen))
+
+
+def judge_state_readings(
+    exp: StateExpectation, readings: Sequence[Reading], end_ms: int
+) -> Outcome:
+    """Passed when a reading in [instant, `end_ms`] held (the first reading, taken at the
+    instant, counts even if its answer came later). The message says when the one that held
+    came, as a lag after the instant, or what the last reading in the span showed."""
+    at = f"at {fmt_ms(exp.at_ms)}: "
+    counted = [r for i, r in enumerate(readings) if i == 0 or r.t_ms <= end_ms]
+    for r in counted:
+        if r.held:
+            lag = f" (read {fmt_offset(r.t_ms - exp.at_ms)} after)" if len(counted) > 1 else ""
+            return Outcome(exp.text, exp.line, True, at + ", ".join(r.seen) + lag)
+    answered = [r for r in counted if r.problems is not None]
+    if not answered:
+        return Outcome(exp.text, exp.line, False, at + "the controller did not answer")
+    last = answered[-1]
+    assert last.problems is not None
+    span = (
+        f" (read {len(counted)} times to {fmt_ms(end_ms)}, none held)" if len(counted) > 1 else ""
+    )
+    return Outcome(exp.text, exp.line, False, at + "; ".join(last.problems) + span)
 
 
 class RealInvariants:

@@ -2,13 +2,18 @@
 
 The timeline and verdict read like the twin's. `fidelity` runs nothing: given the twin's result
 and the real one for the same scaled file, it lines up, for every event expectation, the first
-matching event's virtual time and real time and their difference, and says whether the two runs
-made the same sequence of control decisions (the kinds of control events, shard reports aside,
-in order).
+matching event inside the expectation's window in each run (the twin's window as the twin judged
+it, the real one widened by the tolerance; none when no event falls in it) and their difference,
+and says whether the two runs made the same control decisions (`decisions`): per replica, what
+the controller decided of it, in order, and per node its losses and recoveries. Which joins came
+first, and how each replica's story interleaves with another's, are left out: real processes
+start in an order of their own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from llmgw_twin.core.model import TraceEvent
@@ -19,18 +24,18 @@ from llmgw_twin.twin.runner import RunResult, trace_sha256
 from llmgw_twin.twin.scenario import EventExpectation
 from llmgw_twin.units import fmt_ms, fmt_offset
 
-DECISIONS = (
-    "node.joined",
-    "node.lost",
-    "replica.placed",
-    "replica.ready",
-    "replica.failed",
-    "replica.reaped",
-    "replica.unplaceable",
-    "replica.adopted",
-)
-"""Control decisions whose order a faithful twin reproduces (heartbeat-phase effects such as
-suspect/recovered and the shard reports are left out)."""
+REPLICA_DECISIONS: dict[str, tuple[str, ...]] = {
+    "replica.placed": ("fabric", "nodes"),
+    "replica.ready": (),
+    "replica.failed": ("node",),
+    "replica.reaped": (),
+    "replica.adopted": ("fabric", "nodes", "ready"),
+    "replica.moving": ("to", "fabric", "nodes"),
+    "replica.moved": ("to",),
+    "replica.move_aborted": ("to",),
+}
+"""The control decisions about a replica, and the subjects of each that make the decision (free
+text such as a reason is left out: its wording carries times and names of its own)."""
 
 
 def timeline(result: RealResult) -> str:
@@ -75,6 +80,8 @@ def to_json(result: RealResult) -> dict[str, Any]:
         "passed": result.passed,
         "wall_ms": result.wall_ms,
         "left_running": result.left_running,
+        "workdir": result.workdir,
+        "process_groups": result.groups,
         "answered": result.answered,
         **({} if result.requests is None else {"requests": result.requests}),
         "events": [ev.as_dict() for ev in result.trace],
@@ -82,50 +89,130 @@ def to_json(result: RealResult) -> dict[str, Any]:
     }
 
 
-def _first(exp: EventExpectation, trace: tuple[TraceEvent, ...] | list[TraceEvent]) -> int | None:
-    inside = [e.t_ms for e in trace if matches(e, exp) and exp.start_ms <= e.t_ms <= exp.end_ms]
-    anywhere = [e.t_ms for e in trace if matches(e, exp)]
-    found = inside or anywhere
-    return found[0] if found else None
+def _first(exp: EventExpectation, trace: Sequence[TraceEvent]) -> int | None:
+    """The first event matching `exp` inside its window; None when none falls in it."""
+    for e in trace:
+        if exp.start_ms <= e.t_ms <= exp.end_ms and matches(e, exp):
+            return e.t_ms
+    return None
 
 
-def fidelity(twin: RunResult, real: RealResult) -> tuple[list[dict[str, Any]], bool]:
-    """Rows (expectation, virtual ms, real ms, difference) and whether the decisions matched."""
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    rows: list[dict[str, Any]]
+    """Per event expectation: its text, the twin's and the real run's first event in its
+    window (ms, None: none), and the difference."""
+    differences: list[str]
+    """Each replica or node whose decisions differ, and how (empty: the same decisions)."""
+
+    @property
+    def same(self) -> bool:
+        return not self.differences
+
+    def as_json(self) -> dict[str, Any]:
+        return {"rows": self.rows, "same_decisions": self.same, "differences": self.differences}
+
+
+def fidelity(twin: RunResult, real: RealResult) -> Fidelity:
+    """The twin's run and the real one of the same scaled file, expectation by expectation
+    (the same list, in the same order: the real one's windows widened) and decision by
+    decision, each up to the scaled run's end."""
     rows: list[dict[str, Any]] = []
-    for exp in real.scenario.expectations:
-        if not isinstance(exp, EventExpectation) or exp.never:
+    for predicted, judged in zip(
+        twin.scenario.expectations, real.scenario.expectations, strict=True
+    ):
+        if not isinstance(judged, EventExpectation) or judged.never:
             continue
-        v, r = _first(exp, twin.trace), _first(exp, real.trace)
+        assert isinstance(predicted, EventExpectation)
+        v, r = _first(predicted, twin.trace), _first(judged, real.trace)
         rows.append(
             {
-                "expectation": exp.text,
+                "expectation": judged.text,
                 "virtual_ms": v,
                 "real_ms": r,
                 "difference_ms": r - v if v is not None and r is not None else None,
             }
         )
-    same = decisions(list(twin.trace)) == decisions(real.trace)
-    return rows, same
+    end = real.scenario.duration_ms
+    return Fidelity(rows, decision_differences(twin.trace, real.trace, end))
 
 
-def decisions(trace: list[TraceEvent]) -> list[tuple[str, object]]:
-    return [(e.kind, e.get("fabric")) for e in trace if e.kind in DECISIONS]
+Decision = tuple[object, ...]
+
+
+def decisions(trace: Sequence[TraceEvent], end_ms: int | None = None) -> dict[str, list[Decision]]:
+    """What the controller decided, keyed by replica id (`replica X`: its placements, readiness,
+    failures, reaps, adoption and moves, in order) and by node (`node N`: lost, and recovered
+    once lost), up to `end_ms`. A replica's id is the controller's own count per model, so two
+    runs that place the same replicas name them alike."""
+    out: dict[str, list[Decision]] = {}
+    lost: set[str] = set()
+    for ev in trace:
+        if end_ms is not None and ev.t_ms > end_ms:
+            continue
+        keys = REPLICA_DECISIONS.get(ev.kind)
+        if keys is not None:
+            what = (ev.kind.removeprefix("replica."), *(_plain(ev.get(k)) for k in keys))
+            out.setdefault(f"replica {ev.get('replica')}", []).append(what)
+            continue
+        node = str(ev.get("node"))
+        if ev.kind == "node.lost":
+            lost.add(node)
+            out.setdefault(f"node {node}", []).append(("lost",))
+        elif ev.kind == "node.recovered" and node in lost:  # back from lost, not a suspect blip
+            lost.discard(node)
+            out.setdefault(f"node {node}", []).append(("recovered",))
+    return out
+
+
+def _plain(value: object) -> object:
+    """A subject as a comparable, printable value: a node list as `node01+node02`."""
+    return "+".join(map(str, value)) if isinstance(value, tuple | list) else value
+
+
+def decision_differences(
+    twin: Sequence[TraceEvent], real: Sequence[TraceEvent], end_ms: int | None = None
+) -> list[str]:
+    """One line per replica or node whose decisions differ between the two traces."""
+    a, b = decisions(twin, end_ms), decisions(real, end_ms)
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        va, vb = a.get(key, []), b.get(key, [])
+        if va != vb:
+            out.append(f"{key}: twin {_story(va)}; real {_story(vb)}")
+    return out
+
+
+def _story(steps: list[Decision]) -> str:
+    """`placed ib-a node01+node02, ready, failed node=node02, reaped`."""
+    if not steps:
+        return "nothing"
+    said = []
+    for kind, *values in steps:
+        keys = REPLICA_DECISIONS.get(f"replica.{kind}", ())
+        parts = [str(kind)]
+        for key, value in zip(keys, values, strict=True):
+            if value is not None:
+                parts.append(str(value) if key in ("fabric", "nodes") else f"{key}={value}")
+        said.append(" ".join(parts))
+    return ", ".join(said)
 
 
 def _cell(ms: int | None) -> str:
-    return "-" if ms is None else fmt_ms(ms)
+    return "none" if ms is None else fmt_ms(ms)
 
 
 def _signed(ms: int | None) -> str:
     return "-" if ms is None else fmt_offset(ms)
 
 
-def fidelity_table(rows: list[dict[str, Any]], same: bool) -> str:
+def fidelity_table(rows: list[dict[str, Any]], same: bool, differences: Sequence[str] = ()) -> str:
     out = [f"{'virtual':>12} {'real':>12} {'real-virtual':>13}  expectation"]
     for row in rows:
         out.append(
             f"{_cell(row['virtual_ms']):>12} {_cell(row['real_ms']):>12} "
             f"{_signed(row['difference_ms']):>13}  {row['expectation']}"
         )
-    out.append(f"control decisions in the same order: {'yes' if same else 'no'}")
+    out.append(f"same control decisions per replica and node: {'yes' if same else 'no'}")
+    out.extend(f"  {line}" for line in differences)
     return "\n".join(out)

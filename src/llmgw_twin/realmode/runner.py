@@ -3,8 +3,10 @@
 The run: scale the file's clock (`--time-scale`), widen its windows by the stated tolerance,
 start the cluster (`RealCluster`), inject each fault for real at its instant, follow the
 controller's event log (successive controller processes put on one time line through the host's
-monotonic clock), judge state assertions on the controller's admin state at their instant, check
-what can be checked of the invariants from outside, and end every process the run started.
+monotonic clock), judge state assertions on the controller's admin state from their instant on
+(`checks.state_span`: read again until one holds, up to the tolerance later but never at or after
+the next fault), check what can be checked of the invariants from outside, and end every process
+the run started.
 
 The time line's zero is the moment every agent has registered and the deployments are applied
 (the controller starts with the profiles only): real processes take seconds to start where the
@@ -25,7 +27,13 @@ from typing import Any
 import httpx
 
 from llmgw_twin.core.model import TraceEvent
-from llmgw_twin.realmode.checks import RealInvariants, judge_state_real
+from llmgw_twin.realmode.checks import (
+    Reading,
+    RealInvariants,
+    judge_state_readings,
+    read_state,
+    state_span,
+)
 from llmgw_twin.realmode.cluster import RealCluster, free_port
 from llmgw_twin.realmode.faults import RealFaults, check_real_supported
 from llmgw_twin.realmode.traffic import RealTraffic
@@ -65,6 +73,10 @@ class RealResult:
     """Probe chat completions the router answered with 200, per model."""
     requests: dict[str, dict[str, int]] | None = None
     """The traffic's counts per model (`realmode/traffic.py`); None without traffic."""
+    workdir: str = ""
+    """The run's temporary folder (removed when the run ends)."""
+    groups: list[int] = field(default_factory=list)
+    """Every process group the run started or saw its agents run, all ended."""
 
     @property
     def passed(self) -> bool:
@@ -93,8 +105,15 @@ Progress = Callable[[str], None]
 
 
 class RealRun:
-    def __init__(self, scenario: Scenario, workdir: Path, progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        workdir: Path,
+        progress: Progress | None = None,
+        tolerance_ms: int = 0,
+    ) -> None:
         self.scenario = scenario
+        self.tolerance_ms = tolerance_ms
         shown = progress or (lambda _line: None)
         self._said_at = time.monotonic()
 
@@ -122,6 +141,7 @@ class RealRun:
         cluster = self.cluster
         await cluster.prepare_nodes(engine_binaries())
         config = cluster.write_controller_config()
+        self.progress(f"temporary folder {cluster.workdir}")
         self.progress(
             f"starting a controller and {len(cluster.nodes)} agents; the run lasts "
             f"{fmt_ms(self.scenario.duration_ms)}"
@@ -237,15 +257,29 @@ class RealRun:
             return None
 
     async def _judge_states(self, client: httpx.AsyncClient) -> None:
-        states = sorted(
-            (e.at_ms, i, e)
-            for i, e in enumerate(self.scenario.expectations)
-            if isinstance(e, StateExpectation)
+        faults = [f.at_ms for f in self.scenario.faults]
+        await asyncio.gather(
+            *(
+                self._judge_state(client, i, exp, state_span(exp, faults, self.tolerance_ms))
+                for i, exp in enumerate(self.scenario.expectations)
+                if isinstance(exp, StateExpectation)
+            )
         )
-        for at_ms, i, exp in states:
-            await self._until(at_ms)
+
+    async def _judge_state(
+        self, client: httpx.AsyncClient, i: int, exp: StateExpectation, end_ms: int
+    ) -> None:
+        """Read the state at the assertion's instant, and again every poll until one reading
+        holds or the span ends (real processes get where the twin got at once a little later)."""
+        await self._until(exp.at_ms)
+        readings: list[Reading] = []
+        while True:
             state = await self._state(client)
-            self.outcomes[i] = judge_state_real(exp, state)
+            readings.append(read_state(exp, self.now_ms(), state))
+            if readings[-1].held or self.now_ms() + POLL_S * 1000 > end_ms:
+                break
+            await asyncio.sleep(POLL_S)
+        self.outcomes[i] = judge_state_readings(exp, readings, end_ms)
 
     def result(self, time_scale: float, tolerance_ms: int, left: list[int]) -> RealResult:
         trace = sorted([*self.trace, *self.injector.injected], key=lambda e: e.t_ms)
@@ -268,6 +302,8 @@ class RealRun:
             left_running=left,
             answered=dict(self.checks.answered),
             requests=self.traffic.report(trace) if self.scenario.traffic else None,
+            workdir=str(self.cluster.workdir),
+            groups=sorted(self.cluster.started_groups),
         )
 
 
@@ -282,7 +318,7 @@ def run_real(
     check_real_supported(scenario)
     scaled = widen(scale_scenario(scenario, time_scale), tolerance_ms)
     with tempfile.TemporaryDirectory(prefix="llmgw-real-") as tmp:
-        run = RealRun(scaled, Path(tmp), progress)
+        run = RealRun(scaled, Path(tmp), progress, tolerance_ms)
 
         async def main() -> list[int]:
             try:

@@ -7,7 +7,7 @@ multiplied (rounded to whole
 milliseconds, never below 1 ms where zero would mean something else). Real mode runs the
 scaled file on real processes, whose timings carry noise the twin does not have: `widen` pads
 every event window by a stated tolerance so that a verdict says what the twin predicted, give or
-take that much.
+take that much (a window that forbids, narrowed instead).
 """
 
 from __future__ import annotations
@@ -125,12 +125,14 @@ def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
 def widen(scenario: Scenario, tolerance_ms: int) -> Scenario:
     """Pad every event window by `tolerance_ms` on both sides (clamped to the run); a `never`
     window, and a `requests` window (it bounds failures), is narrowed instead, so that it still
-    only forbids what surely falls inside it. A state assertion is judged `tolerance_ms` later
-    (clamped to the end), once real processes had that long to get where the twin got at once."""
+    only forbids what surely falls inside it (one shorter than twice the tolerance is left its
+    midpoint). A state assertion keeps its instant: real mode reads the state there, and again
+    until one reading holds, up to `tolerance_ms` later but never at the next fault
+    (`realmode/checks.state_span`): moving the instant could carry it past a fault."""
 
     def one(exp: Expectation) -> Expectation:
         if isinstance(exp, StateExpectation):
-            return replace(exp, at_ms=min(scenario.duration_ms, exp.at_ms + tolerance_ms))
+            return exp
         if isinstance(exp, RequestsExpectation) or exp.never:
             start, end = exp.start_ms + tolerance_ms, exp.end_ms - tolerance_ms
             if start > end:
