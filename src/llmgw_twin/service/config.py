@@ -142,6 +142,7 @@ class AgentFile(_Strict):
     sidecar_timeout: Duration = "10s"
     worker_settle: Duration = "1s"
     ready_timeout: Duration = "30m"
+    probe_interval: Duration = "5s"
     log_dir: Text | None = None
     run_state: Text | None = None
     policy: PolicyC = PolicyC()
@@ -197,6 +198,7 @@ class AgentSettings:
     sidecar_timeout_ms: int
     worker_settle_ms: int
     ready_timeout_ms: int
+    probe_interval_ms: int
     log_dir: Path | None
     policy: PolicySettings = DEFAULT_POLICY
     credential: Path | None = None
@@ -400,6 +402,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         ),
         worker_settle_ms=duration_setting(path, "worker_settle", f.worker_settle),
         ready_timeout_ms=duration_setting(path, "ready_timeout", f.ready_timeout, positive=True),
+        probe_interval_ms=duration_setting(path, "probe_interval", f.probe_interval, positive=True),
         log_dir=relative(path, f.log_dir) if f.log_dir is not None else None,
         policy=policy_settings(path, f.policy),
         credential=credential,
