@@ -20,9 +20,10 @@ from llmgw_twin.twin import runner
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.loader import ScenarioError, load_scenario_text
 from llmgw_twin.twin.network import MGMT_LINK_MS, Network
+from llmgw_twin.twin.node import PEER_LOST_EXIT_CODE
 from llmgw_twin.twin.runner import RunResult, run_scenario
 from llmgw_twin.twin.scenario import CrashNode, HangEngine
-from llmgw_twin.twin.world import PEER_LOST_EXIT_CODE, World
+from llmgw_twin.twin.world import World
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,14 +327,14 @@ def test_the_new_faults_are_deterministic() -> None:
     assert actions == ["hang_engine", "crash_node", "fabric_down", "restart_node"]
 
 
-@pytest.mark.parametrize(
-    ("fault", "action"),
-    [("{at: 1m, hang_engine: {node: node02, replica_of: m}}", "hang_engine")],
-)
-def test_real_mode_refuses_the_faults_it_cannot_inject(fault: str, action: str) -> None:
-    s = load_scenario_text(scenario(f"  - {fault}\n"), "t.yaml")
-    with pytest.raises(ValueError, match=rf"t\.yaml:\d+: this fault \({action}\) is not supported"):
-        check_real_supported(s)
+def test_real_mode_injects_every_fault_the_twin_models() -> None:
+    faults = (
+        "{at: 1m, hang_engine: {node: node02, replica_of: m}}",
+        "{at: 1m, fail_gpu: {node: node01, gpu: 3}}",
+        "{at: 1m, fabric_down: {fabric: ib-a, for: 30s}}",
+    )
+    s = load_scenario_text(scenario("".join(f"  - {f}\n" for f in faults)), "t.yaml")
+    check_real_supported(s)  # each is done to real processes and files (realmode/faults.py)
 
 
 def test_real_mode_injects_a_crash() -> None:

@@ -17,7 +17,7 @@ from typing import assert_never
 import httpx
 
 from llmgw_twin.core.model import ModelName, NodeId, TraceEvent
-from llmgw_twin.realmode.cluster import RealCluster
+from llmgw_twin.realmode.cluster import RealCluster, children_groups
 from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.scenario import (
@@ -31,6 +31,7 @@ from llmgw_twin.twin.scenario import (
     KillEngine,
     KillNode,
     Partition,
+    RestartAgent,
     RestartController,
     RestartNode,
     Scenario,
@@ -50,6 +51,7 @@ SUPPORTED = (
     SetReplicas,
     Cordon,
     DeleteDeployment,
+    RestartAgent,
 )
 
 
@@ -123,6 +125,12 @@ class RealFaults:
                 task = asyncio.create_task(self._operate(client, fault.action))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+            case RestartAgent(node=node, down_for_ms=down_for_ms):
+                await asyncio.to_thread(self._kill_agent, node)
+                back = asyncio.get_running_loop().call_later(
+                    down_for_ms / 1000, cluster.start_agent, node
+                )
+                self._pending.append(back)
             case FailGpu() | FabricDown() | HangEngine():
                 raise AssertionError(f"real mode refuses {type(fault.action).__name__} up front")
             case _:
@@ -158,6 +166,20 @@ class RealFaults:
                     return
             await asyncio.sleep(POLL_S)
         self.progress(f"{method} {url} never reached the controller")
+
+    def _kill_agent(self, node: NodeId) -> None:
+        """SIGKILL to the node's agent process alone: its shards run on, for the agent started
+        after it to adopt (their process groups are remembered first, so the run still ends
+        them if none does)."""
+        n = self.cluster.nodes[node]
+        if n.proc is None:
+            return
+        self.cluster.remember_groups(node)
+        self.cluster.started_groups |= children_groups(n.proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(n.proc.pid, signal.SIGKILL)
+        n.proc.wait(timeout=10)
+        n.proc = None
 
     def _heal(self, nodes: tuple[NodeId, ...]) -> None:
         for node in nodes:  # overlapping partitions: the link heals with the last

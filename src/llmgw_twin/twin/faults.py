@@ -34,6 +34,7 @@ from llmgw_twin.twin.scenario import (
     KillEngine,
     KillNode,
     Partition,
+    RestartAgent,
     RestartController,
     RestartNode,
     Scenario,
@@ -74,6 +75,8 @@ def schedule_faults(
                 world.nodes[node].crash()
             case RestartNode(node=node):
                 world.nodes[node].boot()
+            case RestartAgent(node=node, down_for_ms=down_for_ms):
+                world.nodes[node].restart_agent(down_for_ms)
             case SetReplicas(model=model, replicas=replicas):
                 dep = deployments[model]
                 deployments[model] = Deployment(dep.model, dep.profile, replicas)
@@ -98,23 +101,28 @@ def schedule_faults(
                     world.nodes[node].fabric_link(False)  # the inventory sees the ports go down
                     world.nodes[node].lose_peers()
                 world.later(for_ms, lambda: _restore(world, fabric, downs))
-            case KillEngine(node=node, replica_of=model):
-                sim_node = world.nodes[node]
-                for engine in sim_node.engines_sorted():
-                    if engine.spec.model == model:
-                        sim_node.kill_engine(engine.key, ENGINE_CRASH_EXIT_CODE)
-                        break
-            case HangEngine(node=node, replica_of=model):
-                sim_node = world.nodes[node]
-                for engine in sim_node.engines_sorted():
-                    if engine.spec.model == model and not engine.hung:
-                        sim_node.hang_engine(engine.key)
-                        break
+            case KillEngine() | HangEngine():
+                _engine_fault(world, fault.action)
             case _:
                 assert_never(fault.action)
 
     for fault in scenario.faults:
         world.later(fault.at_ms, lambda f=fault: inject(f))  # type: ignore[misc]
+
+
+def _engine_fault(world: World, action: KillEngine | HangEngine) -> None:
+    """The first engine (by replica id, rank) of the model on the node dies, or hangs (one not
+    hung already)."""
+    sim_node = world.nodes[action.node]
+    for engine in sim_node.engines_sorted():
+        if engine.spec.model != action.replica_of:
+            continue
+        if isinstance(action, KillEngine):
+            sim_node.kill_engine(engine.key, ENGINE_CRASH_EXIT_CODE)
+            return
+        if not engine.hung:
+            sim_node.hang_engine(engine.key)
+            return
 
 
 def _restore(world: World, fabric: FabricId, downs: dict[FabricId, int]) -> None:
@@ -159,6 +167,8 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
             return {"action": _action_name(fault), "node": node, "model": model}
         case RestartController(down_for_ms=down_for_ms):
             return {"action": "restart_controller", "down_for_ms": down_for_ms}
+        case RestartAgent(node=node, down_for_ms=down_for_ms):
+            return {"action": "restart_agent", "node": node, "down_for_ms": down_for_ms}
         case FailGpu(node=node, gpu=gpu):
             return {"action": "fail_gpu", "node": node, "gpu": gpu}
         case FabricDown(fabric=fabric):

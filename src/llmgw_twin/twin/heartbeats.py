@@ -33,7 +33,8 @@ from llmgw_twin.core.model import NodeId
 from llmgw_twin.core.protocol import Heartbeat
 
 if TYPE_CHECKING:
-    from llmgw_twin.twin.world import SimNode, World
+    from llmgw_twin.twin.node import SimNode
+    from llmgw_twin.twin.world import World
 
 HEARTBEAT_PRIORITY = 2
 """After SimPy's NORMAL (1) and URGENT (0): a heartbeat runs last in its millisecond."""

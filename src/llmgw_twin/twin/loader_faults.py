@@ -36,6 +36,7 @@ from llmgw_twin.twin.scenario import (
     KillEngine,
     KillNode,
     Partition,
+    RestartAgent,
     RestartController,
     RestartNode,
     SetReplicas,
@@ -62,6 +63,7 @@ _ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "kill_engine": ("node", "replica_of"),
     "hang_engine": ("node", "replica_of"),
     "restart_controller": ("down_for",),
+    "restart_agent": ("node", "down_for"),
     "fail_gpu": ("node", "gpu"),
     "fabric_down": ("fabric", "for"),
     "set_replicas": ("model", "replicas"),
@@ -258,6 +260,8 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             return KillEngine(known.node(*need("node")), known.model(*need("replica_of")))
         case "hang_engine":
             return HangEngine(known.node(*need("node")), known.model(*need("replica_of")))
+        case "restart_agent":
+            return RestartAgent(known.node(*need("node")), yn.duration(*need("down_for")))
         case "restart_controller":
             return RestartController(yn.duration(*need("down_for")))
         case "fail_gpu":

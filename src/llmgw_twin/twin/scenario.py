@@ -68,6 +68,15 @@ class RestartController:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartAgent:
+    """The project's extension: the node's agent process dies (its shards keep running) and a
+    new one starts `down_for_ms` later, finding and adopting them."""
+
+    node: NodeId
+    down_for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class FailGpu:
     node: NodeId
     gpu: int
@@ -109,6 +118,7 @@ FaultAction = (
     | KillEngine
     | HangEngine
     | RestartController
+    | RestartAgent
     | FailGpu
     | FabricDown
     | SetReplicas
@@ -124,6 +134,7 @@ FAULT_KEYS: dict[str, type] = {
     "kill_engine": KillEngine,
     "hang_engine": HangEngine,
     "restart_controller": RestartController,
+    "restart_agent": RestartAgent,
     "fail_gpu": FailGpu,
     "fabric_down": FabricDown,
     "set_replicas": SetReplicas,

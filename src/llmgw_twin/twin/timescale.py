@@ -33,6 +33,7 @@ from llmgw_twin.twin.scenario import (
     KillNode,
     Partition,
     RequestsExpectation,
+    RestartAgent,
     RestartController,
     RestartNode,
     Scenario,
@@ -57,6 +58,8 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             return FabricDown(fabric, _ms(for_ms, factor, 1))
         case RestartController(down_for_ms=down):
             return RestartController(_ms(down, factor))
+        case RestartAgent(node=node, down_for_ms=down):
+            return RestartAgent(node, _ms(down, factor))
         case (
             KillNode()
             | CrashNode()

@@ -32,8 +32,9 @@ from llmgw_twin.core.controller import Controller
 from llmgw_twin.core.model import ModelName, ReplicaId, ReplicaState, ShardKey
 from llmgw_twin.core.routing import Router, RouterTimeouts, snapshot_of
 from llmgw_twin.twin.checks import Invariants
+from llmgw_twin.twin.node import SimEngine, SimNode
 from llmgw_twin.twin.scenario import Scenario, Traffic
-from llmgw_twin.twin.world import SimEngine, SimNode, World
+from llmgw_twin.twin.world import World
 
 FIRST_TOKEN_MS = 20
 """The sim engine's time to the first token, in the twin."""
