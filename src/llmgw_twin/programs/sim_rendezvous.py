@@ -18,6 +18,9 @@ Invariants:
   the first lost rank), a worker of a lost leader by EOF without a prior `shutdown`.
 - Every wait is bounded: a worker dials with exponential backoff until its deadline, and a
   connection that does not say hello within `HELLO_TIMEOUT_S` is dropped.
+- A connection that ends before the leader answered the hello (no leader behind a proxy or a
+  cut link yet, a leader that died as it answered) is dialled again, like a refused one, until
+  the deadline: only the leader's own `{"ok": false}` is final.
 """
 
 from __future__ import annotations
@@ -206,34 +209,41 @@ class WorkerLink:
 async def join(
     host: str, port: int, *, rank: int, nnodes: int, model: str, deadline_s: float
 ) -> WorkerLink:
-    """Dial the leader until it answers or `deadline_s` (loop time) passes, then say hello."""
+    """Dial the leader and say hello until it answers or `deadline_s` (loop time) passes."""
     loop = asyncio.get_running_loop()
     delay = BACKOFF_FIRST_S
     attempts = 0
+    hello = encode({"hello": PROTOCOL, "rank": rank, "nnodes": nnodes, "model": model})
     while True:
         attempts += 1
+        why: object = "it closed the connection before answering"
+        answer: dict[str, Any] | None = None
+        writer: asyncio.StreamWriter | None = None
         try:
             reader, writer = await asyncio.open_connection(host, port, limit=MAX_LINE_BYTES)
-            break
-        except OSError as e:
-            remaining = deadline_s - loop.time()
-            if remaining <= 0:
-                raise RendezvousTimeout(
-                    f"leader {host}:{port} unreachable after {attempts} attempts: {e}"
-                ) from e
-            # Nothing announces that a remote port has opened: dialling again is the only probe.
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, BACKOFF_MAX_S)
-    writer.write(encode({"hello": PROTOCOL, "rank": rank, "nnodes": nnodes, "model": model}))
-    try:
-        async with asyncio.timeout(max(HELLO_TIMEOUT_S, deadline_s - loop.time())):
-            await writer.drain()
-            answer = await read_message(reader)
-    except (TimeoutError, ConnectionError) as e:
-        writer.close()
-        raise RendezvousError(f"leader {host}:{port} did not answer the hello: {e}") from e
-    if answer is None or answer.get("ok") is not True:
-        writer.close()
-        error = "closed the connection" if answer is None else answer.get("error", answer)
-        raise RendezvousError(f"leader {host}:{port} refused rank {rank}: {error}")
-    return WorkerLink(reader, writer)
+            writer.write(hello)
+            async with asyncio.timeout(max(HELLO_TIMEOUT_S, deadline_s - loop.time())):
+                await writer.drain()
+                answer = await read_message(reader)
+        except TimeoutError as e:
+            if writer is not None:
+                writer.close()
+            raise RendezvousError(f"leader {host}:{port} did not answer the hello") from e
+        except OSError as e:  # refused, or ended before an answer: dial again
+            why = e
+        if answer is not None and writer is not None:
+            if answer.get("ok") is not True:
+                writer.close()
+                error = answer.get("error", answer)
+                raise RendezvousError(f"leader {host}:{port} refused rank {rank}: {error}")
+            return WorkerLink(reader, writer)
+        if writer is not None:
+            writer.close()
+        remaining = deadline_s - loop.time()
+        if remaining <= 0:
+            raise RendezvousTimeout(
+                f"leader {host}:{port} unreachable after {attempts} attempts: {why}"
+            )
+        # Nothing announces that a remote port has opened: dialling again is the only probe.
+        await asyncio.sleep(min(delay, remaining))
+        delay = min(delay * 2, BACKOFF_MAX_S)

@@ -4,9 +4,11 @@ Each node gets its own sysfs-shaped root (its GPUs, its InfiniBand port in its f
 its own loopback address (127.A.B.N, with A.B drawn from the run's pid: its engines bind there,
 so no two nodes' engines contend for a port, in one run or in two at once), its own port range,
 and a pair of cuttable proxies that carry all of its traffic with the controller, one per
-direction: a partition cuts them. Every process is started in a new session (its own process
-group), never through a shell, and `stop_all` ends every group this cluster started (and still
-runs this project's code), then checks that none is left.
+direction: a partition cuts them. The engines' peer traffic within a fabric goes through
+proxies of its own (`fabric.py`), which a `fabric_down` cuts. Every process is started in a new
+session (its own process group), never through a shell, and `stop_all` ends every group this
+cluster started (and still runs this project's code, stopped ones too: SIGKILL ends a stopped
+process), then checks that none is left.
 
 The cluster runs with credentials, as production does: the controller's config lists the hash
 of an admin token the cluster made, and each node is onboarded through the admin API
@@ -30,9 +32,10 @@ import httpx
 import yaml
 
 from llmgw_twin.core.model import NodeId, Timings
+from llmgw_twin.realmode.fabric import RealFabrics
 from llmgw_twin.realmode.proxy import CuttableProxy
 from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.fakesysfs import fabric_prefix_for, fail_gpu, write_sysfs_root
 from llmgw_twin.twin.scenario import Scenario
 from llmgw_twin.units import fmt_duration, setting_keys
 
@@ -99,6 +102,10 @@ class RealCluster:
         self.router_url = self.controller_url
         """Where clients send requests."""
         self._controller_tokens: dict[NodeId, str] = {}
+        self.fabrics: RealFabrics | None = None
+        """The engines' peer links and InfiniBand ports per fabric (after `prepare_nodes`)."""
+        self.hung: set[int] = set()
+        """Engine process groups stopped (SIGSTOP) by `hang_engine`: killed at the end."""
         slot = os.getpid() % (ENGINE_PORTS_SLOTS - len(scenario.nodes))
         self._engine_ports_from = ENGINE_PORTS_FROM + slot * PORTS_PER_NODE
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -142,10 +149,13 @@ class RealCluster:
         """Roots, proxies and agent configs for every node of the scenario."""
         slot = os.getpid() % 50_000
         addresses = {n.node: node_address(slot, i) for i, n in enumerate(self.scenario.nodes)}
+        roots = {n.node: self.workdir / "nodes" / n.node for n in self.scenario.nodes}
+        self.fabrics = RealFabrics(self.scenario, roots, addresses, slot)
+        await self.fabrics.start()
         # the agents' launch policy: the models the scenario's profiles name, and nothing else
         models = sorted({p.model for p in self.scenario.profiles if p.engine != "sim"})
         for i, info in enumerate(self.scenario.nodes):
-            root = self.workdir / "nodes" / info.node
+            root = roots[info.node]
             write_sysfs_root(
                 root, gpus=info.gpus, fabric_prefix=fabric_prefix_for(info.fabric), node=info.node
             )
@@ -168,8 +178,9 @@ class RealCluster:
                 "engines": engines,
                 "ports": {"first": first, "last": first + PORTS_PER_NODE - 1},
                 "heartbeat_interval": _duration(self.scenario.timings.heartbeat_interval_ms),
+                "probe_interval": _duration(self.scenario.timings.probe_interval_ms),
                 "engine_host": addresses[info.node],
-                "peer_addresses": dict(addresses),
+                "peer_addresses": self.fabrics.peer_addresses(info.node),
                 "stop_grace": "2s",
                 "worker_settle": "200ms",
                 "log_dir": str(self.workdir / "logs" / info.node),
@@ -319,6 +330,16 @@ class RealCluster:
             _killpg(pgid, signal.SIGKILL)
         n.frozen.clear()
 
+    def fail_gpu(self, node: NodeId, gpu: int) -> None:
+        """The GPU falls off the bus: the node's root shows it so from now on, across reboots."""
+        fail_gpu(self.workdir / "nodes" / node, gpu)
+
+    def hang(self, pgid: int) -> None:
+        """An engine hangs: alive, its sockets open, answering nothing (SIGSTOP to its group)."""
+        self.hung.add(pgid)
+        self.started_groups.add(pgid)
+        _killpg(pgid, signal.SIGSTOP)
+
     def kill_controller(self) -> None:
         if self.controller is not None:
             _killpg(self.controller.pid, signal.SIGKILL)
@@ -330,6 +351,9 @@ class RealCluster:
         for node in sorted(self.nodes):
             self.remember_groups(node)
             self._thaw_dead(self.nodes[node])
+        for pgid in sorted(self.hung):  # a stopped engine would sit out its agent's stop grace
+            if _ours(pgid):
+                _killpg(pgid, signal.SIGKILL)
         procs = [n.proc for n in self.nodes.values() if n.proc is not None]
         for proc in procs:  # agents first: they stop their shards on SIGTERM
             _killpg(proc.pid, signal.SIGTERM)
@@ -354,6 +378,8 @@ class RealCluster:
         for n in self.nodes.values():
             await n.to_controller.close()
             await n.to_agent.close()
+        if self.fabrics is not None:
+            await self.fabrics.close()
         for log in self._logs:
             log.close()
         return _alive_after(sorted(self.started_groups))

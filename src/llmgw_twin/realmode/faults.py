@@ -16,8 +16,9 @@ from typing import assert_never
 
 import httpx
 
-from llmgw_twin.core.model import ModelName, NodeId, TraceEvent
+from llmgw_twin.core.model import FabricId, ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.cluster import RealCluster, children_groups
+from llmgw_twin.service.node_watch import poll_interval_ms
 from llmgw_twin.twin.faults import fault_subjects
 from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.scenario import (
@@ -41,13 +42,18 @@ from llmgw_twin.units import fmt_offset
 
 POLL_S = 0.1
 """How often an operator's call that did not land is tried again."""
+LINK_POLL_S = 0.05
+"""How often a fabric outage asks the controller whether the links-down reports arrived."""
 SUPPORTED = (
     KillNode,
     CrashNode,
     RestartNode,
     Partition,
     KillEngine,
+    HangEngine,
     RestartController,
+    FailGpu,
+    FabricDown,
     SetReplicas,
     Cordon,
     DeleteDeployment,
@@ -125,14 +131,25 @@ class RealFaults:
                 task = asyncio.create_task(self._operate(client, fault.action))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+            case FailGpu(node=node, gpu=gpu):
+                # the hardware's part; the node's agent sees it, reports it and kills the engine
+                cluster.fail_gpu(node, gpu)
+            case FabricDown(fabric=fabric, for_ms=for_ms):
+                task = asyncio.create_task(self._fabric_down(client, fabric))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                restore = asyncio.get_running_loop().call_later(
+                    for_ms / 1000, self._fabric_up, fabric
+                )
+                self._pending.append(restore)
             case RestartAgent(node=node, down_for_ms=down_for_ms):
                 await asyncio.to_thread(self._kill_agent, node)
                 back = asyncio.get_running_loop().call_later(
                     down_for_ms / 1000, cluster.start_agent, node
                 )
                 self._pending.append(back)
-            case FailGpu() | FabricDown() | HangEngine():
-                raise AssertionError(f"real mode refuses {type(fault.action).__name__} up front")
+            case HangEngine(node=node, replica_of=model):
+                await asyncio.to_thread(self._hang_engine, node, model)
             case _:
                 assert_never(fault.action)
 
@@ -188,24 +205,85 @@ class RealFaults:
                 self.cluster.nodes[node].to_controller.heal()
                 self.cluster.nodes[node].to_agent.heal()
 
-    def _kill_engine(self, node: NodeId, model: ModelName) -> None:
+    def _engines(self, node: NodeId, model: ModelName) -> list[tuple[str, int, int]]:
+        """(replica, rank, engine pid) of the model's running engines on the node, in the
+        twin's order (by replica id, rank)."""
         state = self.cluster.agent_state(node) or {}
+        out = []
         for shard in sorted(state.get("shards", []), key=lambda s: (s["replica"], s["rank"])):
             pid = shard.get("engine_pid")
-            replica_of = str(shard.get("replica", "")).rsplit("-r", 1)[0]
+            replica = str(shard.get("replica", ""))
             alive = shard.get("phase") not in ("exited", "waiting")
-            if replica_of == model and alive and isinstance(pid, int):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                return
+            if replica.rsplit("-r", 1)[0] == model and alive and isinstance(pid, int):
+                out.append((replica, int(shard["rank"]), pid))
+        return out
+
+    def _kill_engine(self, node: NodeId, model: ModelName) -> None:
+        for _, _, pid in self._engines(node, model)[:1]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _hang_engine(self, node: NodeId, model: ModelName) -> None:
+        """The first engine not hung already stops (SIGSTOP: alive, port open, silent). A hung
+        worker stalls its replica's collective in the twin, so its leader stops answering too;
+        the sim engine's leader waits on no collective, so its group is stopped as well."""
+        for replica, rank, pid in self._engines(node, model):
+            if pid in self.cluster.hung:
+                continue
+            self.cluster.hang(pid)
+            if rank > 0:
+                for other in sorted(self.cluster.nodes):
+                    for r, k, leader in self._engines(other, model):
+                        if r == replica and k == 0 and leader not in self.cluster.hung:
+                            self.cluster.hang(leader)
+            return
+
+    # --- fabric outages ----------------------------------------------------------------------
+
+    async def _fabric_down(self, client: httpx.AsyncClient, fabric: FabricId) -> None:
+        """The links fail: the ports go down on every node, whose agents report it (awaited,
+        bounded: the twin delivers the link state before the peers are lost), then the peer
+        links are cut."""
+        fabrics = self.cluster.fabrics
+        assert fabrics is not None
+        if not fabrics.down(fabric):
+            return  # down already: the outage lasts until the last one ends
+        fabrics.set_ports(fabric, up=False)
+        await self._links_reported(client, fabric)
+        if fabrics.is_down(fabric):
+            fabrics.cut(fabric)
+
+    async def _links_reported(self, client: httpx.AsyncClient, fabric: FabricId) -> None:
+        """Until the controller shows the links down of every node of the fabric whose agent
+        runs and reaches it, or a few of the agents' reads have passed."""
+        loop = asyncio.get_running_loop()
+        reads_s = poll_interval_ms(self.scenario.timings.heartbeat_interval_ms) / 1000
+        deadline = loop.time() + 3 * reads_s + 1.0
+        members = dict(self.scenario.fabrics)[fabric]
+        nodes = {
+            n for n in members if self.cluster.nodes[n].proc is not None and not self._cuts.get(n)
+        }
+        url = f"{self.cluster.controller_url}/v1/admin/state"
+        while loop.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = await client.get(url)
+                if r.status_code == 200:
+                    up = {n["node"] for n in r.json()["nodes"] if n.get("fabric_link_up", True)}
+                    if not nodes & up:
+                        return
+            await asyncio.sleep(LINK_POLL_S)
+        self.progress(f"{fabric}: not every agent had reported its links down; cut anyway")
+
+    def _fabric_up(self, fabric: FabricId) -> None:
+        fabrics = self.cluster.fabrics
+        assert fabrics is not None
+        if fabrics.up(fabric):  # overlapping outages: the links come back with the last
+            fabrics.heal(fabric)
+            fabrics.set_ports(fabric, up=True)
 
 
-REFUSED: dict[type, str] = {
-    FailGpu: "real mode has no GPU to fail",
-    FabricDown: "real mode has no fabric link to cut",
-    HangEngine: "real mode cannot yet make an engine hang with its port open",
-}
-"""Why each fault the twin models is refused up front here."""
+REFUSED: dict[type, str] = {}
+"""Why a fault the twin models would be refused up front here (none is: each is done for real)."""
 
 
 def check_real_supported(scenario: Scenario) -> None:

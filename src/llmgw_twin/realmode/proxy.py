@@ -4,6 +4,12 @@ Every byte between a node's agent and the controller goes through one of these, 
 direction, so `partition` is a real network cut: while cut, the proxy closes every connection it
 carries and every new one the moment it is accepted, so both sides see the connection errors a
 dead link gives; healed, it forwards again. Listens on loopback only.
+
+With `refuse_when_cut`, a cut also stops listening, so a new connection is refused (a peer
+dialling in retries, as it would over a link that is down) instead of accepted and closed; the
+heal listens again on the same address and port. The fabric between nodes' engines is cut that
+way (`cluster.py`): a worker started during the outage keeps dialling its leader and joins once
+the links are back.
 """
 
 from __future__ import annotations
@@ -15,38 +21,69 @@ CHUNK = 65536
 
 
 class CuttableProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(
+        self, target_host: str, target_port: int, *, refuse_when_cut: bool = False
+    ) -> None:
         self.target = (target_host, target_port)
+        self.refuse_when_cut = refuse_when_cut
         self.cut_now = False
         self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        self._listening: asyncio.Task[None] | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.host = "127.0.0.1"
         self.port = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self.host = host
         self._server = await asyncio.start_server(self._serve, host, port)
+        self._servers.append(self._server)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
     async def close(self) -> None:
         self.cut()
-        if self._server is not None:
-            self._server.close()
+        if self._listening is not None:
+            await asyncio.gather(self._listening, return_exceptions=True)
+        for server in self._servers:
+            server.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
     def cut(self) -> None:
         self.cut_now = True
         for writer in list(self._open):
             writer.close()
         self._open.clear()
+        if self.refuse_when_cut and self._server is not None:
+            self._server.close()  # nothing listens: a new connection is refused
+            self._server = None
 
     def heal(self) -> None:
+        """Forward again; a refusing proxy listens again (at once, in a task of its own: see
+        `listening`)."""
         self.cut_now = False
+        if self.refuse_when_cut and self._server is None and self.port:
+            self._listening = asyncio.get_running_loop().create_task(self._listen_again())
+
+    async def listening(self) -> None:
+        """Return once a healed refusing proxy listens again."""
+        if self._listening is not None:
+            await self._listening
+
+    async def _listen_again(self) -> None:
+        if not self.cut_now and self._server is None:
+            server = await asyncio.start_server(self._serve, self.host, self.port)
+            self._servers.append(server)
+            if self.cut_now:  # cut again while it bound
+                server.close()
+            else:
+                self._server = server
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.cut_now:

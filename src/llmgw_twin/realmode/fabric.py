@@ -1,0 +1,118 @@
+"""The fabrics of a real run: the engines' peer traffic through cuttable proxies, and the ports.
+
+On one machine every node is a loopback address, so nothing stands between two nodes' engines
+that a `fabric_down` could cut. Here each node of a fabric where multi-node replicas can run
+gets a second address, its fabric address (127.C.B.N, the C block apart from the engines'), and
+on it one refusing proxy (`proxy.CuttableProxy`, `refuse_when_cut`) per port a peer may dial
+there: the rendezvous port of each GPU (`RENDEZVOUS_PORT_BASE + g`, where a sim or vLLM leader
+listens) and, when llama.cpp replicas span nodes, each RPC port (`RPC_PORT_BASE + g`). Every other
+node's agent is told (`peer_addresses`) to reach the node there; the node itself binds at its
+engine address. So a fabric's outage is real: its proxies close every open peer connection (the
+sim engine's ranks see their peer go and exit 1) and refuse new ones until it is back (a worker
+started meanwhile keeps dialling its leader, and joins when the links return).
+
+The InfiniBand ports go down with it: each node's sysfs-shaped root shows `1: DOWN`
+(`fakesysfs.set_port_state`), which its agent reads (`service/node_watch.py`) and reports.
+
+Invariants: overlapping outages of one fabric end with the last (`down` and `up` count them);
+the proxies listen on this run's own addresses only, and `close` ends all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmgw_twin.core.model import RENDEZVOUS_PORT_BASE, FabricId, NodeId
+from llmgw_twin.engines.llamacpp import RPC_PORT_BASE
+from llmgw_twin.realmode.proxy import CuttableProxy
+from llmgw_twin.service.fakesysfs import set_port_state
+from llmgw_twin.twin.scenario import Scenario
+
+
+def fabric_address(run_slot: int, index: int) -> str:
+    """Node i's fabric address: 127.(210 + slot/250 % 45).(slot % 250).(i+1), a block no run's
+    engine addresses (127.10-209.x.x, `cluster.node_address`) use."""
+    if not 0 <= index < 254:
+        raise ValueError("real mode runs at most 254 nodes on one machine")
+    return f"127.{210 + run_slot // 250 % 45}.{run_slot % 250}.{index + 1}"
+
+
+class RealFabrics:
+    def __init__(
+        self,
+        scenario: Scenario,
+        roots: dict[NodeId, Path],
+        engine_addresses: dict[NodeId, str],
+        run_slot: int,
+    ) -> None:
+        self.scenario = scenario
+        self.roots = roots
+        self.engine_addresses = engine_addresses
+        multi = [p for p in scenario.profiles if p.nodes > 1]
+        self._bases = [RENDEZVOUS_PORT_BASE] if multi else []
+        if any(p.engine == "llamacpp" for p in multi):
+            self._bases.append(RPC_PORT_BASE)
+        self.fabric_of = {n.node: n.fabric for n in scenario.nodes}
+        self.addresses: dict[NodeId, str] = {}
+        """Where peers reach each node's engines: its fabric address when it has proxies."""
+        self.proxies: dict[FabricId, list[CuttableProxy]] = {}
+        self._downs: dict[FabricId, int] = {}
+        for i, info in enumerate(scenario.nodes):
+            fabric_nodes = dict(scenario.fabrics)[info.fabric]
+            if self._bases and len(fabric_nodes) > 1 and info.gpus > 0:
+                self.addresses[info.node] = fabric_address(run_slot, i)
+
+    async def start(self) -> None:
+        for info in self.scenario.nodes:
+            address = self.addresses.get(info.node)
+            if address is None:
+                continue
+            for base in self._bases:
+                for g in range(info.gpus):
+                    proxy = CuttableProxy(
+                        self.engine_addresses[info.node], base + g, refuse_when_cut=True
+                    )
+                    await proxy.start(address, base + g)
+                    self.proxies.setdefault(info.fabric, []).append(proxy)
+
+    def peer_addresses(self, node: NodeId) -> dict[str, str]:
+        """What `node`'s agent is told of every node: itself at its engine address (where its
+        engines bind), a peer of its fabric at the peer's fabric address, others as they are."""
+        out: dict[str, str] = {}
+        for peer, engine_address in self.engine_addresses.items():
+            same = self.fabric_of[peer] == self.fabric_of[node]
+            fabric_side = self.addresses.get(peer) if peer != node and same else None
+            out[peer] = fabric_side or engine_address
+        return out
+
+    def down(self, fabric: FabricId) -> bool:
+        """An outage begins; True when the links were up until now."""
+        self._downs[fabric] = self._downs.get(fabric, 0) + 1
+        return self._downs[fabric] == 1
+
+    def up(self, fabric: FabricId) -> bool:
+        """An outage ends; True when it was the last one, so the links are back."""
+        self._downs[fabric] -= 1
+        return self._downs[fabric] == 0
+
+    def is_down(self, fabric: FabricId) -> bool:
+        return self._downs.get(fabric, 0) > 0
+
+    def set_ports(self, fabric: FabricId, up: bool) -> None:
+        """Every node of the fabric shows its InfiniBand ports down, or up again."""
+        for node, f in sorted(self.fabric_of.items()):
+            if f == fabric:
+                set_port_state(self.roots[node], up)
+
+    def cut(self, fabric: FabricId) -> None:
+        for proxy in self.proxies.get(fabric, []):
+            proxy.cut()
+
+    def heal(self, fabric: FabricId) -> None:
+        for proxy in self.proxies.get(fabric, []):
+            proxy.heal()
+
+    async def close(self) -> None:
+        for proxies in self.proxies.values():
+            for proxy in proxies:
+                await proxy.close()
