@@ -20,9 +20,10 @@ from llmgw_twin.twin import runner
 from llmgw_twin.twin.control_shell import ControllerShell
 from llmgw_twin.twin.loader import ScenarioError, load_scenario_text
 from llmgw_twin.twin.network import MGMT_LINK_MS, Network
+from llmgw_twin.twin.node import PEER_LOST_EXIT_CODE
 from llmgw_twin.twin.runner import RunResult, run_scenario
 from llmgw_twin.twin.scenario import CrashNode, HangEngine
-from llmgw_twin.twin.world import PEER_LOST_EXIT_CODE, World
+from llmgw_twin.twin.world import World
 
 
 @dataclass(frozen=True, slots=True)
