@@ -276,6 +276,8 @@ class _Planner:
             home = scratch[fabric]
             for m in moved:
                 for node, gpus in m.gpus:
+                    if node not in home:
+                        continue  # a cordoned node: what its shard frees takes no placement
                     kept = reserved.get(node, set())
                     home[node] = sorted({*home[node], *(g for g in gpus if g not in kept)})
             waiting = still

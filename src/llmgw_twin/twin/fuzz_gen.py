@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from llmgw_twin.core.model import Timings
 from llmgw_twin.units import fmt_duration, setting_keys
 
-FAULT_KINDS: tuple[str, ...] = (
+SWARM_KINDS: tuple[str, ...] = (
     "kill_node",
     "restart_node",
     "crash_node",
@@ -37,6 +37,11 @@ FAULT_KINDS: tuple[str, ...] = (
     "set_replicas",
 )
 """The fault kinds a seed may enable (swarm testing: each seed enables a random subset)."""
+OPERATOR_KINDS: tuple[str, ...] = ("cordon", "drain", "restart_agent")
+"""Further kinds, each enabled in about a third of the seeds by a random source of their own
+(`_operator_faults`), so that the plans of the kinds above are what they were before these came:
+a node cordoned or drained (uncordoned at the heal), an agent that dies alone and comes back."""
+FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS
 
 FABRIC_NAMES = ("ib-a", "ib-b", "ib-c")
 SLACK_MS = 30_000
@@ -140,7 +145,7 @@ def generate(seed: int) -> Plan:
         PlanDeployment(f"m{i + 1}", rng.choice(profiles).name, rng.randint(1, 4))
         for i in range(n_deployments)
     )
-    enabled = tuple(k for k in FAULT_KINDS if rng.random() < 0.5) or (rng.choice(FAULT_KINDS),)
+    enabled = tuple(k for k in SWARM_KINDS if rng.random() < 0.5) or (rng.choice(SWARM_KINDS),)
     start_ms = rng.randint(10, 90) * 1000
     heal_at_ms = start_ms + rng.randint(2, 8) * 60_000
     plan = Plan(seed, timings, tuple(fabrics), profiles, deployments, (), heal_at_ms, enabled)
@@ -151,10 +156,30 @@ def generate(seed: int) -> Plan:
         else:
             times.append(rng.randrange(start_ms, heal_at_ms))
     faults = [_fault(rng, plan, rng.choice(enabled), t) for t in times]
+    extra, more = _operator_faults(seed, plan, start_ms)
+    enabled += more
+    faults += extra
     faults.sort(key=lambda f: f.at_ms)  # stable: ties keep the order they were drawn in
     return Plan(
         seed, timings, tuple(fabrics), profiles, deployments, tuple(faults), heal_at_ms, enabled
     )
+
+
+def _operator_faults(
+    seed: int, plan: Plan, start_ms: int
+) -> tuple[list[PlanFault], tuple[str, ...]]:
+    """The operator kinds this seed enables, and one to three faults of each, drawn from a
+    random source of their own (a string seed: the same in every process)."""
+    rng = random.Random(f"operator-faults-{seed}")
+    enabled = tuple(k for k in OPERATOR_KINDS if rng.random() < 1 / 3)
+    faults = []
+    for kind in enabled:
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(start_ms, plan.heal_at_ms)
+            node = rng.choice(plan.nodes).name
+            down = min(plan.heal_at_ms - at, rng.randint(0, 90) * 1000)
+            faults.append(PlanFault(at, kind, node=node, for_ms=down * (kind == "restart_agent")))
+    return faults, enabled
 
 
 def _gpus(rng: random.Random) -> int:
@@ -199,8 +224,10 @@ def _fault(rng: random.Random, plan: Plan, kind: str, at_ms: int) -> PlanFault:
 
 def heal_faults(plan: Plan) -> tuple[PlanFault, ...]:
     """The heal at `plan.heal_at_ms`: restart every node down by then (killed or crashed, not
-    restarted since), and set every deployment whose count was changed back to its own."""
+    restarted since), uncordon every node cordoned or drained, and set every deployment whose
+    count was changed back to its own."""
     down: dict[str, bool] = {}
+    cordoned: set[str] = set()
     wanted = {d.model: d.replicas for d in plan.deployments}
     current = dict(wanted)
     for f in plan.faults:
@@ -210,14 +237,17 @@ def heal_faults(plan: Plan) -> tuple[PlanFault, ...]:
             down[f.node] = False
         elif f.kind == "set_replicas":
             current[f.model] = f.replicas
+        elif f.kind in ("cordon", "drain"):
+            cordoned.add(f.node)
     at = plan.heal_at_ms
+    uncordons = [PlanFault(at, "uncordon", node=n.name) for n in plan.nodes if n.name in cordoned]
     restarts = [PlanFault(at, "restart_node", node=n.name) for n in plan.nodes if down.get(n.name)]
     sets = [
         PlanFault(at, "set_replicas", model=d.model, replicas=d.replicas)
         for d in plan.deployments
         if current[d.model] != wanted[d.model]
     ]
-    return (*restarts, *sets)
+    return (*restarts, *uncordons, *sets)
 
 
 def failed_gpus(plan: Plan) -> dict[str, set[int]]:
@@ -313,8 +343,10 @@ def _timing_lines(t: Timings) -> list[str]:
 def _fault_line(f: PlanFault, fault_id: str) -> str:
     head = f"  - {{id: {fault_id}, at: {fmt_duration(f.at_ms)}, "
     match f.kind:
-        case "kill_node" | "crash_node" | "restart_node":
+        case "kill_node" | "crash_node" | "restart_node" | "cordon" | "uncordon" | "drain":
             body = f"{f.kind}: {f.node}"
+        case "restart_agent":
+            body = f"restart_agent: {{node: {f.node}, down_for: {fmt_duration(f.for_ms)}}}"
         case "partition":
             body = f"partition: {{nodes: [{', '.join(f.nodes)}], for: {fmt_duration(f.for_ms)}}}"
         case "kill_engine" | "hang_engine":
