@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -163,6 +164,25 @@ def _cannot(path: str, doing: str, err: Exception) -> str:
 
 
 def cmd_run_real(args: argparse.Namespace) -> int:
+    """`run --real`; a stop signal (SIGINT, SIGTERM, SIGHUP) ends it with one line and exit
+    status 128 + the signal's number, once the run has ended every process it started."""
+    from llmgw_twin.realmode.stop import Interrupted, raise_interrupted, signals_to
+
+    try:
+        with signals_to(raise_interrupted):
+            return _run_real_files(args)
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        name = signal.Signals(signum).name
+        print(
+            f"interrupted by {name}: every process the run started is stopped and its "
+            "temporary folder removed",
+            file=sys.stderr,
+        )
+        return 128 + signum
+
+
+def _run_real_files(args: argparse.Namespace) -> int:
     from llmgw_twin.realmode.faults import check_real_supported
     from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
     from llmgw_twin.realmode.runner import run_real

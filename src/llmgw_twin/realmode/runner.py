@@ -8,6 +8,10 @@ monotonic clock), judge state assertions on the controller's admin state from th
 the next fault), check what can be checked of the invariants from outside, and end every process
 the run started.
 
+SIGINT, SIGTERM and SIGHUP cancel the run: every process it started is ended and its temporary
+folder removed, then `run_real` raises `Interrupted` (the command prints one line and exits
+128 + the signal's number).
+
 The time line's zero is the moment every agent has registered and the deployments are applied
 (the controller starts with the profiles only): real processes take seconds to start where the
 twin's take none, and placement must see the whole fleet, as in the twin. Events from before
@@ -36,6 +40,7 @@ from llmgw_twin.realmode.checks import (
 )
 from llmgw_twin.realmode.cluster import RealCluster, free_port
 from llmgw_twin.realmode.faults import RealFaults, check_real_supported
+from llmgw_twin.realmode.stop import Interrupted, Stopper, signals_to
 from llmgw_twin.realmode.traffic import RealTraffic
 from llmgw_twin.service.wire import TraceEventW
 from llmgw_twin.twin.expect import Outcome, judge_event, judge_requests
@@ -314,19 +319,34 @@ def run_real(
     progress: Progress | None = None,
 ) -> RealResult:
     """Run `scenario` on real processes, every duration times `time_scale`; `progress` gets a
-    line per event as the run goes."""
+    line per event as the run goes. Raises `Interrupted` after a stop signal, once every process
+    the run started is ended and its temporary folder removed."""
     check_real_supported(scenario)
     scaled = widen(scale_scenario(scenario, time_scale), tolerance_ms)
-    with tempfile.TemporaryDirectory(prefix="llmgw-real-") as tmp:
+    stopper = Stopper()
+    with signals_to(stopper.on_signal), tempfile.TemporaryDirectory(prefix="llmgw-real-") as tmp:
         run = RealRun(scaled, Path(tmp), progress, tolerance_ms)
 
         async def main() -> list[int]:
+            task = asyncio.current_task()
+            assert task is not None
+            stopper.watch(task)
             try:
-                await run.run()
+                if stopper.received is None:
+                    await run.run()
+            except asyncio.CancelledError:
+                if stopper.received is None:
+                    raise
             finally:
+                stopper.stopping = True  # from here on a signal is only noted
+                run.injector.cancel()  # nothing of the faults' timers fires during the stop
                 run.progress("stopping every process the run started")
                 left = await run.cluster.stop_all()
             return left
 
         left = asyncio.run(main())
-        return run.result(time_scale, tolerance_ms, left)
+        result = run.result(time_scale, tolerance_ms, left) if stopper.received is None else None
+    if stopper.received is not None:  # a signal during the clean-up counts too
+        raise Interrupted(stopper.received)
+    assert result is not None
+    return result
