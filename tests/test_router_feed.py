@@ -74,7 +74,7 @@ def test_a_router_gets_a_snapshot_then_only_the_events_after_it(tmp_path: Path) 
             )
             leaving = [e for e in page["events"] if e["kind"] == "replica.reaped"]
             assert [e["replica"] for e in leaving] == [replicas[1]], page
-            assert page["next"] == first["next"] + len(page["events"])
+            assert page["next"] == woken["next"] + len(page["events"])
             assert runtime.feed.resyncs == 3  # the first read, and the two asked for above
 
     asyncio.run(go())
