@@ -73,9 +73,11 @@ POLL_S = 0.05
 """Sidecar start polling."""
 WATCH_S = 0.1
 """Engine exit and readiness polling."""
-PROBE_FAILURES = 2
+PROBE_FAILURES = 1
 """Consecutive failed probes (each bounded by the client's 2 s timeout) that make a leader
-`unresponsive`; one answer makes it `serving` again."""
+`unresponsive`; one answer makes it `serving` again. One, as the twin models it (a leader that
+misses its probe is out of routing until it answers; the controller fails it only after
+`unresponsive_grace`)."""
 HISTORY_KEPT = 1000
 REASON_CHARS = 1000
 """A reason sent to the controller is cut to this length (the wire takes up to 4096)."""
