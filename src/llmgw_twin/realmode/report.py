@@ -27,7 +27,8 @@ from llmgw_twin.units import fmt_ms, fmt_offset
 REPLICA_DECISIONS: dict[str, tuple[str, ...]] = {
     "replica.placed": ("fabric", "nodes"),
     "replica.ready": (),
-    "replica.failed": ("node",),
+    "replica.failed": (),  # which node it names is whose report came first: a fabric outage
+    # or a crash fails every rank at once, and real reports race where the twin's do not
     "replica.reaped": (),
     "replica.adopted": ("fabric", "nodes", "ready"),
     "replica.moving": ("to", "fabric", "nodes"),
