@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -193,3 +194,42 @@ def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: 
 
     asyncio.run(go())
     assert len(fatal) == 1 and "disk full" in fatal[0]
+
+
+def test_a_controller_told_not_before_opens_its_store_and_serves_only_from_then(
+    tmp_path: Path,
+) -> None:
+    """`controller --not-before NS`: the program loads, waits for that instant of the host's
+    monotonic clock, then opens its store and serves (a restart without start-up downtime)."""
+    (port,) = free_ports(1)
+    (tmp_path / "controller.yaml").write_text(CONTROLLER_YAML.format(port=port))
+    not_before = time.monotonic_ns() + 3_000_000_000
+    argv = ["controller", "--config", "controller.yaml", "--not-before", str(not_before)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmgw_twin.cli", *argv],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        store = tmp_path / "controller.db"
+
+        def opened() -> int | None:
+            assert proc.poll() is None
+            return time.monotonic_ns() if store.exists() else None
+
+        # the store appears only once the instant has come: a lower bound, not a timing
+        assert wait_sync(opened, 60, "the store to be opened") >= not_before
+
+        def up() -> bool | None:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).is_success or None
+            return None
+
+        wait_sync(up, 30, "the controller to answer /health")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

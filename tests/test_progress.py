@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.real_runs import marked
 from llmgw_twin.cli import main
 from llmgw_twin.realmode import runner
 from llmgw_twin.twin import fuzz_cli
 from llmgw_twin.twin.fuzz import check_batch
 from test_fuzz import _plant
-from test_real_mode import our_processes, own_tmp
+from test_real_mode import own_tmp
 
 __all__ = ["own_tmp"]  # a fixture, used by name
 
@@ -151,14 +152,14 @@ def test_real_mode_says_it_is_still_running_and_stopping_on_stderr_and_json_stay
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, own_tmp: Path
 ) -> None:
     monkeypatch.setattr(runner, "QUIET_S", 0.0)  # a line whenever nothing else was said
-    before = our_processes(own_tmp)
+    before = set(marked(own_tmp))
     path = own_tmp / "one.yaml"
     path.write_text(ONE_REPLICA)
     assert main(["run", "--real", "--json", "--time-scale", "0.1", str(path)]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)  # stdout is the one JSON report, nothing else
     assert report["passed"] and report["left_running"] == []
-    assert our_processes(own_tmp) - before == set()
+    assert set(marked(own_tmp)) - before == set()
     lines = captured.err.splitlines()
     assert all(line.startswith("[one-replica] ") for line in lines), captured.err
     assert any("replica.ready" in line for line in lines)

@@ -320,3 +320,21 @@ def test_an_event_before_the_window_is_not_taken_for_the_expected_one() -> None:
     twin, real = results(sorted(early, key=lambda e: e.t_ms))
     (row,) = fidelity(twin, real).rows
     assert row["real_ms"] == 42_300  # not 31 s: that one is outside [33 s, 52 s]
+
+
+def test_a_count_holds_between_what_surely_and_what_may_fall_inside() -> None:
+    """`count: 0` after a fault at 10 s, tolerance 2 s: a start at 9.5 s (before the fault, but
+    inside the widened window) does not break it; one at 13 s (surely after) does. `count: 1`
+    with one event just outside the file's window but inside the widened one holds too."""
+    from llmgw_twin.realmode.checks import judge_event_real
+
+    def started(*at_s: float) -> list[TraceEvent]:
+        return [TraceEvent.of(int(t * 1000), "shard.started", node="n1") for t in at_s]
+
+    none_after = EventExpectation("shard.started", (), 10_000 - 2_000, 60_000, count=0)
+    assert judge_event_real(none_after, started(9.5), 2_000).passed
+    assert not judge_event_real(none_after, started(9.5, 13.0), 2_000).passed
+    one = EventExpectation("shard.started", (), 10_000 - 2_000, 20_000 + 2_000, count=1)
+    assert judge_event_real(one, started(21.0), 2_000).passed
+    assert not judge_event_real(one, started(), 2_000).passed
+    assert not judge_event_real(one, started(12.0, 15.0), 2_000).passed

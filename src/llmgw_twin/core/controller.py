@@ -327,6 +327,9 @@ class Controller:
         if not self._fleet.guard.held:
             for change in self._fleet.health.expire_lost(now_ms):
                 self._fleet.on_health(change)
+                # the store's clock says a controller ran past this loss: a successor restores
+                # the node lost, and does not declare it lost a second time
+                self._clock_written_ms = None
         self._fleet.forget_long_lost(now_ms)
         for q in self._failures.expired(now_ms):
             self._out.write(DeleteQuarantine(q.node, q.profile))

@@ -31,9 +31,9 @@ from typing import Any
 import httpx
 
 from llmgw_twin.core.model import TraceEvent
-from llmgw_twin.twin.expect import Outcome
+from llmgw_twin.twin.expect import Outcome, judge_event, matches
 from llmgw_twin.twin.runner import InvariantResult
-from llmgw_twin.twin.scenario import INVARIANTS, Scenario, StateExpectation
+from llmgw_twin.twin.scenario import INVARIANTS, EventExpectation, Scenario, StateExpectation
 from llmgw_twin.units import fmt_ms, fmt_offset
 
 ROUTE_SLACK_MS = 50
@@ -251,3 +251,22 @@ class RealInvariants:
             )
             for name in INVARIANTS
         ]
+
+
+def judge_event_real(exp: EventExpectation, trace: list[TraceEvent], tolerance_ms: int) -> Outcome:
+    """An event expectation on a real trace, `exp` widened by the tolerance (`widen`). A `count`
+    holds when it lies between what surely falls inside the file's window (the window narrowed
+    by the tolerance) and what may (widened): widening alone would count an event just before
+    the window, narrowing alone would miss one just inside it."""
+    wide = judge_event(exp, trace)
+    if exp.count is None or wide.passed:
+        return wide
+    start, end = exp.start_ms + 2 * tolerance_ms, exp.end_ms - 2 * tolerance_ms
+    inside = [ev for ev in trace if matches(ev, exp)]
+    may = sum(1 for ev in inside if exp.start_ms <= ev.t_ms <= exp.end_ms)
+    surely = sum(1 for ev in inside if start <= ev.t_ms <= end) if start <= end else 0
+    if surely <= exp.count <= may:
+        window = f"[{fmt_ms(exp.start_ms)}, {fmt_ms(exp.end_ms)}]"
+        message = f"{may} in {window}, {surely} surely inside the file's window (want {exp.count})"
+        return Outcome(exp.text, exp.line, True, message)
+    return wide

@@ -226,8 +226,13 @@ class RealCluster:
         self.started_groups.add(proc.pid)
         return proc
 
-    def start_controller(self, config: Path) -> None:
-        self.controller = self._spawn(["controller", "--config", str(config)], "controller.log")
+    def start_controller(self, config: Path, not_before_ns: int | None = None) -> None:
+        """A controller process; with `not_before_ns` it loads now and serves from that instant
+        of the host's monotonic clock (`controller --not-before`)."""
+        args = ["controller", "--config", str(config)]
+        if not_before_ns is not None:
+            args += ["--not-before", str(not_before_ns)]
+        self.controller = self._spawn(args, "controller.log")
 
     def start_router(self) -> None:
         """A router beside the controller, following its feed; clients go to it from now on."""
@@ -245,10 +250,14 @@ class RealCluster:
         self.router = self._spawn(["router", "--config", str(config)], "router.log")
         self.router_url = f"http://127.0.0.1:{port}"
 
-    def start_agent(self, node: NodeId) -> None:
+    def start_agent(self, node: NodeId, not_before_ns: int | None = None) -> None:
+        """The node's agent process; with `not_before_ns`, as `start_controller`."""
         n = self.nodes[node]
         self._thaw_dead(n)
-        n.proc = self._spawn(["agent", "--config", str(n.config)], f"agent-{node}.log")
+        args = ["agent", "--config", str(n.config)]
+        if not_before_ns is not None:
+            args += ["--not-before", str(not_before_ns)]
+        n.proc = self._spawn(args, f"agent-{node}.log")
         n.groups.add(n.proc.pid)
 
     def wait_healthy(self, url: str, proc: subprocess.Popen[bytes]) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import assert_never
 
@@ -42,6 +43,8 @@ from llmgw_twin.units import fmt_offset
 
 POLL_S = 0.1
 """How often an operator's call that did not land is tried again."""
+BOOT_LEAD_S = 3.0
+"""How long before a `restart_node` its agent process is started (`boot_ahead`)."""
 LINK_POLL_S = 0.05
 """How often a fabric outage asks the controller whether the links-down reports arrived."""
 SUPPORTED = (
@@ -81,6 +84,30 @@ class RealFaults:
         self._cuts: dict[NodeId, int] = {}
         self._pending: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._booted: set[int] = set()
+        """The `restart_node` faults whose agent `boot_ahead` starts."""
+
+    def boot_ahead(self, t0: float) -> None:
+        """Start the agent process of each `restart_node` of a node that is down up to
+        `BOOT_LEAD_S` before the fault (never before the node went down), serving from the
+        fault's instant (`agent --not-before`): a machine's boot is the twin's instant, and a
+        Python process's start-up, ten times as long on the scaled clock, is not part of it.
+        `t0`: the run's zero on the host's monotonic clock (the event loop's clock too)."""
+        loop = asyncio.get_running_loop()
+        down_at: dict[NodeId, int] = {}
+        for fault in self.scenario.faults:  # in time order
+            match fault.action:
+                case KillNode(node=node) | CrashNode(node=node):
+                    down_at[node] = fault.at_ms
+                case RestartNode(node=node) if node in down_at:
+                    lead_ms = min(int(BOOT_LEAD_S * 1000), fault.at_ms - down_at.pop(node))
+                    serve_ns = int(t0 * 1e9) + fault.at_ms * 1_000_000
+                    start_at = t0 + (fault.at_ms - lead_ms) / 1000
+                    self._booted.add(id(fault))
+                    self._pending.append(loop.call_at(start_at, self._boot, node, serve_ns))
+
+    def _boot(self, node: NodeId, serve_ns: int) -> None:
+        self.cluster.start_agent(node, not_before_ns=serve_ns)
 
     def cancel(self) -> None:
         """The run is over: what was still to come of its faults does not happen."""
@@ -102,6 +129,8 @@ class RealFaults:
             case CrashNode(node=node):
                 await asyncio.to_thread(cluster.crash_node, node)
             case RestartNode(node=node):
+                if id(fault) in self._booted:
+                    return  # its agent process was started ahead and serves from now
                 if cluster.nodes[node].proc is not None:
                     await asyncio.to_thread(cluster.kill_node, node)
                 cluster.start_agent(node)
@@ -115,13 +144,13 @@ class RealFaults:
                 await asyncio.to_thread(self._kill_engine, node, model)
             case RestartController(down_for_ms=down_for_ms):
                 await asyncio.to_thread(cluster.kill_controller)
-                # back after the outage, while later faults keep their own instants
-                restart = asyncio.get_running_loop().call_later(
-                    down_for_ms / 1000,
-                    cluster.start_controller,
-                    cluster.workdir / "controller.yaml",
-                )
-                self._pending.append(restart)
+                # the new process starts now and loads its code meanwhile, but opens its store
+                # and serves only once the outage is over: a Python process's seconds of
+                # start-up, ten times as long on the scaled clock, are not downtime the
+                # scenario asked for (later faults keep their own instants)
+                serve_at = time.monotonic_ns() + down_for_ms * 1_000_000
+                config = cluster.workdir / "controller.yaml"
+                cluster.start_controller(config, not_before_ns=serve_at)
             case SetReplicas(model=model, replicas=replicas):
                 dep = self._deployments[model]
                 task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
@@ -144,10 +173,8 @@ class RealFaults:
                 self._pending.append(restore)
             case RestartAgent(node=node, down_for_ms=down_for_ms):
                 await asyncio.to_thread(self._kill_agent, node)
-                back = asyncio.get_running_loop().call_later(
-                    down_for_ms / 1000, cluster.start_agent, node
-                )
-                self._pending.append(back)
+                # loaded now, serving from the end of the outage (as a controller restart)
+                cluster.start_agent(node, not_before_ns=time.monotonic_ns() + down_for_ms * 10**6)
             case HangEngine(node=node, replica_of=model):
                 await asyncio.to_thread(self._hang_engine, node, model)
             case _:

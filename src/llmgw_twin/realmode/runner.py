@@ -34,6 +34,7 @@ from llmgw_twin.core.model import TraceEvent
 from llmgw_twin.realmode.checks import (
     Reading,
     RealInvariants,
+    judge_event_real,
     judge_state_readings,
     read_state,
     state_span,
@@ -43,7 +44,7 @@ from llmgw_twin.realmode.faults import RealFaults, check_real_supported
 from llmgw_twin.realmode.stop import Interrupted, Stopper, signals_to
 from llmgw_twin.realmode.traffic import RealTraffic
 from llmgw_twin.service.wire import TraceEventW
-from llmgw_twin.twin.expect import Outcome, judge_event, judge_requests
+from llmgw_twin.twin.expect import Outcome, judge_requests
 from llmgw_twin.twin.report import describe
 from llmgw_twin.twin.runner import InvariantResult
 from llmgw_twin.twin.scenario import (
@@ -203,6 +204,7 @@ class RealRun:
     # --- faults --------------------------------------------------------------------------------
 
     async def _timeline(self, client: httpx.AsyncClient) -> None:
+        self.injector.boot_ahead(self.t0)
         for fault in self.scenario.faults:
             await self._until(fault.at_ms)
             await self.injector.inject(fault, client)
@@ -292,7 +294,7 @@ class RealRun:
         outcomes = dict(self.outcomes)
         for i, exp in enumerate(self.scenario.expectations):
             if isinstance(exp, EventExpectation):
-                outcomes[i] = judge_event(exp, trace)
+                outcomes[i] = judge_event_real(exp, trace, tolerance_ms)
             elif isinstance(exp, RequestsExpectation):
                 arrivals = self.traffic.arrivals(exp.model)
                 outcomes[i] = judge_requests(exp, arrivals, self.traffic.failed_at(exp.model))

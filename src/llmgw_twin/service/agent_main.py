@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     serving.setup_logging(args.log_level)
+    serving.wait_not_before(args)
     try:
         settings = load_agent_config(args.config)
         runtime = AgentRuntime(settings)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
@@ -32,9 +33,28 @@ close timeout (30 s): the peer answers the close only when it next uses the conn
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+MAX_WAIT_S = 600.0
+"""The longest `--not-before` wait."""
+
+
 def add_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help=config_help)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.add_argument(
+        "--not-before",
+        type=int,
+        metavar="NS",
+        help="load the program, then wait until the host's monotonic clock reads NS (in ns) "
+        "before reading the config and state and serving: a restart whose start-up costs no "
+        "downtime (real mode restarts processes exactly when its scenario says with it)",
+    )
+
+
+def wait_not_before(args: argparse.Namespace) -> None:
+    """`--not-before`: sleep (at most `MAX_WAIT_S`) until that instant."""
+    if args.not_before is not None:
+        wait_s = (args.not_before - time.monotonic_ns()) / 1e9
+        time.sleep(min(max(0.0, wait_s), MAX_WAIT_S))
 
 
 def setup_logging(level: str) -> None:
