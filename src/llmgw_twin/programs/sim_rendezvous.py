@@ -15,7 +15,10 @@ Invariants:
   already joined; a refused worker exits (it is misconfigured, and retrying would not help).
 - Joined connections carry no traffic but the leader's events, so the end of one is the end of
   that peer: the leader learns of a lost worker by EOF (`LeaderRendezvous.lost` is set, once, with
-  the first lost rank), a worker of a lost leader by EOF without a prior `shutdown`.
+  the first lost rank), a worker of a lost leader by EOF without a prior `shutdown`. Either acts
+  on it `PEER_LOSS_NOTICE_S` later, as a real engine's collective notices a dead peer at its next
+  step, not at the instant: the dead peer's own agent, which sees its process end, reports first,
+  as in the twin (where a killed engine's peers notice nothing; a crashed node's, at once).
 - Every wait is bounded: a worker dials with exponential backoff until its deadline, and a
   connection that does not say hello within `HELLO_TIMEOUT_S` is dropped.
 - A connection that ends before the leader answered the hello (no leader behind a proxy or a
@@ -37,6 +40,8 @@ MAX_LINE_BYTES = 4096
 HELLO_TIMEOUT_S = 5.0
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
+PEER_LOSS_NOTICE_S = 0.5
+"""How long after a peer's connection ends its loss is acted on (see the module's text)."""
 
 log = logging.getLogger("llmgw_twin.sim_engine")
 
@@ -154,6 +159,7 @@ class LeaderRendezvous:
             await reader.read(1)
         del self.joined[rank]
         writer.close()
+        await asyncio.sleep(PEER_LOSS_NOTICE_S)
         if not self._closing and not self.lost.is_set():
             self.lost_rank = rank
             self.lost.set()

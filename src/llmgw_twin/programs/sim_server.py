@@ -10,8 +10,9 @@ Invariants:
 - The leader's HTTP port is closed until the replica is whole: connecting to it before every
   worker joined is refused, so "the port answers" means "the replica serves".
 - A replica is whole only while every connection holds. A leader that loses a worker stops
-  serving at once (it closes its HTTP port, drops the other workers) and exits 1; a worker whose
-  leader goes away without saying `shutdown` exits 1. Nothing is re-joined: a broken replica is
+  serving (it closes its HTTP port, drops the other workers) and exits 1; a worker whose leader
+  goes away without saying `shutdown` exits 1; each `PEER_LOSS_NOTICE_S` after the connection
+  ended, as a collective notices a dead peer at its next step (`sim_rendezvous`). Nothing is re-joined: a broken replica is
   replaced, not repaired, as the controller expects.
 - SIGTERM or SIGINT stops a shard cleanly with exit 0; a leader tells its workers `shutdown`
   first, so they exit 0 as well.
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from llmgw_twin.programs.sim_rendezvous import (
+    PEER_LOSS_NOTICE_S,
     LeaderRendezvous,
     RendezvousError,
     RendezvousTimeout,
@@ -359,6 +361,8 @@ async def run_worker(cfg: EngineConfig) -> int:
                     if task.result():
                         log.info("the leader shut down")
                         return EXIT_OK
+                    tasks.add("noticed", asyncio.sleep(PEER_LOSS_NOTICE_S))
+                if name == "noticed":  # a stop meanwhile is a clean one
                     log.error("lost the leader %s:%d", host, port)
                     return EXIT_PEER_LOST
     finally:
