@@ -135,12 +135,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 async def stop_group(proc: Proc, grace_s: float) -> int | None:
-    """End the process group led by `proc`: SIGTERM, at most `grace_s`, then SIGKILL."""
+    """End the process group led by `proc`: SIGTERM (and SIGCONT, so that a stopped member
+    handles it rather than sit out the grace), at most `grace_s`, then SIGKILL."""
     if isinstance(proc, Adopted):
         return await _stop_adopted(proc, grace_s)
     pgid = proc.pid  # a session leader's group id is its pid
     if proc.returncode is None:
         _signal_group(pgid, signal.SIGTERM)
+        _signal_group(pgid, signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         while peek_exit(proc) is None and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
@@ -172,6 +174,8 @@ async def _stop_adopted(proc: Adopted, grace_s: float) -> int | None:
         if not group_alive(pgid) or not group_is_ours(pgid, proc.start_ticks):
             break
         _signal_group(pgid, sig)
+        if sig is signal.SIGTERM:
+            _signal_group(pgid, signal.SIGCONT)
         deadline = time.monotonic() + wait_s
         while group_alive(pgid) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
