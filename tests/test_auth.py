@@ -122,6 +122,12 @@ ENDPOINTS: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("admin", "GET", "/v1/admin/replicas/tiny-r1/explain", None),
     ("admin", "DELETE", "/v1/admin/deployments/nope", None),
     ("admin", "GET", "/metrics", None),
+    (
+        "admin",
+        "PUT",
+        "/v1/admin/deployments",
+        {"deployments": {"tiny": {"profile": "tiny", "replicas": 0}}},
+    ),
     ("api", "GET", "/v1/models", None),
     ("api", "POST", "/v1/chat/completions", {"model": "tiny", "messages": []}),
     ("api", "POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}),

@@ -233,3 +233,21 @@ def test_gpu_clear_is_refused_for_a_gpu_that_is_not_failed(
 ) -> None:
     assert main(fleet.ctl("gpu", "clear", "n1", "0")) == 1
     assert "not marked failed" in capsys.readouterr().err
+
+
+def test_a_set_of_deployments_is_applied_in_one_go_or_not_at_all(fleet: Fleet) -> None:
+    c, admin = fleet.client, fleet.admin
+    assert c.put("/v1/admin/profiles/big", json=BIG, headers=admin).is_success
+    both = {"tiny": {"profile": "tiny", "replicas": 3}, "big": {"profile": "big", "replicas": 1}}
+    bad = both | {"other": {"profile": "nope", "replicas": 1}}
+    r = c.put("/v1/admin/deployments", json={"deployments": bad}, headers=admin)
+    assert r.status_code == 422 and "unknown profile(s): nope" in r.text
+    wanted = {d["model"]: d["replicas"] for d in fleet.state()["deployments"]}
+    assert wanted == {"tiny": 2}  # nothing of the refused set was applied
+    r = c.put("/v1/admin/deployments", json={"deployments": both}, headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["deployments"] == ["big", "tiny"]
+    assert [w.split(":")[0] for w in r.json()["warnings"]] == ["deployment big can never fit"]
+    wanted = {d["model"]: d["replicas"] for d in fleet.state()["deployments"]}
+    assert wanted == {"big": 1, "tiny": 3}
+    wait_sync(lambda: True if fleet.ready("tiny") == 3 else None, 20, "a third ready replica")

@@ -12,8 +12,8 @@ Invariants:
 - A replica is whole only while every connection holds. A leader that loses a worker stops
   serving (it closes its HTTP port, drops the other workers) and exits 1; a worker whose leader
   goes away without saying `shutdown` exits 1; each `PEER_LOSS_NOTICE_S` after the connection
-  ended, as a collective notices a dead peer at its next step (`sim_rendezvous`). Nothing is re-joined: a broken replica is
-  replaced, not repaired, as the controller expects.
+  ended, as a collective notices a dead peer at its next step (`sim_rendezvous`). Nothing is
+  re-joined: a broken replica is replaced, not repaired, as the controller expects.
 - SIGTERM or SIGINT stops a shard cleanly with exit 0; a leader tells its workers `shutdown`
   first, so they exit 0 as well.
 - Every wait is bounded: joins by `--join-timeout-ms` (exit 3), shutdown by uvicorn's graceful

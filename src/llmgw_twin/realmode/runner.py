@@ -194,10 +194,13 @@ class RealRun:
         raise RuntimeError(f"not every agent registered within {REGISTER_DEADLINE_S}s")
 
     async def _deploy(self, client: httpx.AsyncClient) -> None:
-        for dep in self.scenario.deployments:
+        """Every deployment in one call, placed together as the twin places them at its start
+        (one by one, a reconcile between two calls would place the first alone)."""
+        deps = self.scenario.deployments
+        body = {d.model: {"profile": d.profile, "replicas": d.replicas} for d in deps}
+        if body:
             r = await client.put(
-                f"{self.cluster.controller_url}/v1/admin/deployments/{dep.model}",
-                json={"profile": dep.profile, "replicas": dep.replicas},
+                f"{self.cluster.controller_url}/v1/admin/deployments", json={"deployments": body}
             )
             r.raise_for_status()
 

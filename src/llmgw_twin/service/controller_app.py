@@ -293,6 +293,23 @@ class ControllerRuntime(AdminCalls):
             await done  # answered once what it decided is durable
         return step
 
+    async def handle_all(self, events: list[ControllerEvent]) -> None:
+        """Several events in one go: no reconcile runs between them (the whole set is placed
+        together, as the twin applies a scenario's deployments). Check them first: a refusal
+        part way leaves the events before it applied."""
+        done: list[asyncio.Future[None]] = []
+        async with self._lock:
+            for event in events:
+                try:
+                    step = self.core.handle(event, self.now_ms())
+                except ValueError as e:
+                    raise Refused(str(e)) from None
+                fut = self._apply(step)
+                if fut is not None:
+                    done.append(fut)
+        for fut in done:
+            await fut
+
     async def operate(self, event: ControllerEvent) -> Step:
         """An operator's event (`core/operator.py`): decided, durable, then answered; a refusal
         raises `Refused` (422) and changes nothing."""

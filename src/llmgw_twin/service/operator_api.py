@@ -13,16 +13,28 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path
+from pydantic import Field, StringConstraints
 
-from llmgw_twin.core.explain import explain
+from llmgw_twin.core.explain import explain, never_fits
 from llmgw_twin.core.model import ModelName, NodeId, ReplicaId
-from llmgw_twin.core.protocol import CordonNode, DrainNode, RemoveDeployment
+from llmgw_twin.core.protocol import ApplyDeployment, CordonNode, DrainNode, RemoveDeployment
 from llmgw_twin.service.controller_app import ControllerRuntime
 from llmgw_twin.service.replies import NOT_FOUND
-from llmgw_twin.service.wire import NAME_PATTERN, Refused
+from llmgw_twin.service.wire import NAME_PATTERN, DeploymentW, Refused, Wire
 
 PathName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]
 ReplicaName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=160)]
+MAX_SET = 1_000
+"""The most deployments one `PUT /v1/admin/deployments` carries."""
+
+
+class DeploymentSetW(Wire):
+    """`{"deployments": {MODEL: {profile, replicas}, ...}}`."""
+
+    deployments: Annotated[
+        dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=128)], DeploymentW],
+        Field(min_length=1, max_length=MAX_SET),
+    ]
 
 
 def drain_status(runtime: ControllerRuntime, node: NodeId) -> dict[str, Any]:
@@ -86,6 +98,25 @@ def add_operator_routes(app: FastAPI, runtime: ControllerRuntime, admin: list[An
     @app.get("/v1/admin/nodes/{node}/drain", dependencies=admin, responses=NOT_FOUND)
     async def drain_progress(node: PathName) -> dict[str, Any]:
         return drain_status(runtime, _known_node(runtime, node))
+
+    @app.put("/v1/admin/deployments", dependencies=admin)
+    async def put_deployments(body: DeploymentSetW) -> dict[str, Any]:
+        """Several deployments at once, placed together (no reconcile between them): what a
+        declarative apply of a whole fleet's deployments wants, and real mode's time zero."""
+        core = runtime.core
+        deps = [w.to_core(model) for model, w in sorted(body.deployments.items())]
+        unknown = sorted({d.profile for d in deps if core.profile(d.profile) is None})
+        if unknown:  # checked before anything changes
+            raise Refused(f"unknown profile(s): {', '.join(unknown)}")
+        await runtime.handle_all([ApplyDeployment(d) for d in deps])
+        runtime.feed.touch()
+        warnings = []
+        for d in deps:
+            profile = core.profile(d.profile)
+            never = never_fits(core, profile) if profile is not None and d.replicas else None
+            if never is not None:
+                warnings.append(f"deployment {d.model} can never fit: {never}")
+        return {"deployments": sorted(body.deployments), "warnings": warnings}
 
     @app.delete("/v1/admin/deployments/{model}", dependencies=admin, responses=NOT_FOUND)
     async def delete_deployment(model: PathName) -> dict[str, Any]:
