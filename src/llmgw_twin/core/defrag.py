@@ -32,6 +32,29 @@ TARGETS_TRIED = 8
 """The most unplaceable replicas (of distinct shapes) one defragmentation tries to make room for."""
 
 
+def can_take_over(rec: ReplicaRecord, node_ok: Callable[[NodeId], bool]) -> bool:
+    """A move's ready copy may take its original's place only once it can be routed to (no node
+    of it suspect, every one heard alive): else the move would trade a serving replica for
+    none. The defragmenter's moves and the drainer's alike."""
+    return not rec.unroutable and all(node_ok(n) for n in rec.nodes)
+
+
+def take_over(life: Lifecycle, copy: ReplicaRecord, original: ReplicaId, why: str = "") -> None:
+    """The copy is ready: its original is reaped in this step (`replica.moved`, then
+    `replica.reaped`), `why` (a drain's `drain of NODE`) said in both when given."""
+    extra = {"reason": why} if why else {}
+    life.out.emit(
+        "replica.moved",
+        model=copy.model,
+        replica=original,
+        to=copy.id,
+        fabric=copy.fabric,
+        nodes=copy.nodes,
+        **extra,
+    )
+    life.reap(life.replicas[original], f"moved to {copy.id}" + (f" ({why})" if why else ""))
+
+
 def _laid_out_as_profiled(rec: ReplicaRecord) -> bool:
     """A replica restored under a profile edited since it was placed keeps its old layout; its
     copy would be laid out anew, so such a replica is not moved."""
@@ -98,20 +121,11 @@ class Defragmenter:
     def _complete(self, rec: ReplicaRecord) -> None:
         """The copy is ready: its original stops now, unless the copy cannot be routed to (a
         node suspect, or not heard alive), which would trade a serving replica for none."""
-        if rec.unroutable or not all(self._node_ok(n) for n in rec.nodes):
+        if not can_take_over(rec, self._node_ok):
             return
         original = self._copies.pop(rec.id)
         del self._originals[original]
-        old = self._life.replicas[original]
-        self._life.out.emit(
-            "replica.moved",
-            model=rec.model,
-            replica=original,
-            to=rec.id,
-            fabric=rec.fabric,
-            nodes=rec.nodes,
-        )
-        self._life.reap(old, f"moved to {rec.id}")
+        take_over(self._life, rec, original)
         if not self._copies:
             self._release()
 

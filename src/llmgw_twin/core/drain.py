@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmgw_twin.core.defrag import Defragmenter
+from llmgw_twin.core.defrag import Defragmenter, can_take_over, take_over
 from llmgw_twin.core.durable import DeleteCordon, PutCordon
 from llmgw_twin.core.lifecycle import Lifecycle
 from llmgw_twin.core.model import NodeId, ReplicaId, ReplicaState
@@ -181,21 +181,11 @@ class Drainer:
                 self._complete(rec)
 
     def _complete(self, rec: ReplicaRecord) -> None:
-        if rec.unroutable or not all(self._node_ok(n) for n in rec.nodes):
-            return  # trading a serving replica for one no one can reach: wait
+        if not can_take_over(rec, self._node_ok):
+            return
         original, node = self._copies[rec.id]
         self._forget(rec.id, original)
-        old = self._life.replicas[original]
-        self._life.out.emit(
-            "replica.moved",
-            model=rec.model,
-            replica=original,
-            to=rec.id,
-            fabric=rec.fabric,
-            nodes=rec.nodes,
-            reason=f"drain of {node}",
-        )
-        self._life.reap(old, f"moved to {rec.id} (drain of {node})")
+        take_over(self._life, rec, original, f"drain of {node}")
 
     def _forget(self, copy: ReplicaId, original: ReplicaId) -> None:
         del self._copies[copy]
