@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from llmgw_twin.core.model import NodeId, NodeState, Profile, ReplicaId
+from llmgw_twin.core.model import Deployment, NodeId, NodeState, Profile, ReplicaId
 from llmgw_twin.core.room import Shape
 
 if TYPE_CHECKING:
@@ -156,6 +156,18 @@ def never_fits(core: Controller, profile: Profile) -> str | None:
     if best[0] == 0:
         return f"{need}: no registered node has that"
     return f"{need}: the most in one fabric is {best[0]} ({best[1]})"
+
+
+def fit_warnings(core: Controller, deployments: list[Deployment]) -> list[str]:
+    """The answer's `warnings` to deployments just applied: one for each that wants replicas
+    and can never fit (`never_fits`)."""
+    out = []
+    for d in deployments:
+        profile = core.profile(d.profile)
+        never = never_fits(core, profile) if profile is not None and d.replicas else None
+        if never is not None:
+            out.append(f"deployment {d.model} can never fit: {never}")
+    return out
 
 
 def _big_enough(core: Controller, profile: Profile) -> dict[str, int]:

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.explain import never_fits
+from llmgw_twin.core.explain import fit_warnings
 from llmgw_twin.core.model import NodeId, ProfileName
 from llmgw_twin.core.protocol import (
     ApplyDeployment,
@@ -71,9 +71,7 @@ class AdminCalls:
         dep = body.to_core(model)
         await self._handle(ApplyDeployment(dep))
         self.feed.touch()  # the routers' model lists change with no routing event
-        profile = self.core.profile(dep.profile)
-        never = never_fits(self.core, profile) if profile is not None and dep.replicas else None
-        warnings = [f"deployment {model} can never fit: {never}"] if never is not None else []
+        warnings = fit_warnings(self.core, [dep])
         return {"model": model, **body.model_dump(mode="json"), "warnings": warnings}
 
     async def clear_failed_gpu(self, node: str, gpu: int) -> dict[str, Any]:

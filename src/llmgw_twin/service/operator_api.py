@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Path
 from pydantic import Field, StringConstraints
 
-from llmgw_twin.core.explain import explain, never_fits
+from llmgw_twin.core.explain import explain, fit_warnings
 from llmgw_twin.core.model import ModelName, NodeId, ReplicaId
 from llmgw_twin.core.protocol import ApplyDeployment, CordonNode, DrainNode, RemoveDeployment
 from llmgw_twin.service.controller_app import ControllerRuntime
@@ -110,13 +110,7 @@ def add_operator_routes(app: FastAPI, runtime: ControllerRuntime, admin: list[An
             raise Refused(f"unknown profile(s): {', '.join(unknown)}")
         await runtime.handle_all([ApplyDeployment(d) for d in deps])
         runtime.feed.touch()
-        warnings = []
-        for d in deps:
-            profile = core.profile(d.profile)
-            never = never_fits(core, profile) if profile is not None and d.replicas else None
-            if never is not None:
-                warnings.append(f"deployment {d.model} can never fit: {never}")
-        return {"deployments": sorted(body.deployments), "warnings": warnings}
+        return {"deployments": sorted(body.deployments), "warnings": fit_warnings(core, deps)}
 
     @app.delete("/v1/admin/deployments/{model}", dependencies=admin, responses=NOT_FOUND)
     async def delete_deployment(model: PathName) -> dict[str, Any]:
