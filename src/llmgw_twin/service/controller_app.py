@@ -280,18 +280,22 @@ class ControllerRuntime(AdminCalls):
 
     async def _handle(self, event: ControllerEvent, answered_in_band: NodeId | None = None) -> Step:
         async with self._lock:
-            try:
-                step = self.core.handle(event, self.now_ms())
-            except ValueError as e:  # the core refuses (an unknown profile, say), changing nothing
-                raise Refused(str(e)) from None
-            except Exception as e:
-                log.exception("the core failed on %s", type(event).__name__)
-                self._fatal(f"the core failed on {type(event).__name__}: {e!r}")
-                raise
+            step = self._decide(event)
             done = self._apply(step, answered_in_band)
         if done is not None:
             await done  # answered once what it decided is durable
         return step
+
+    def _decide(self, event: ControllerEvent) -> Step:
+        """The core's step for `event` (the caller holds the lock)."""
+        try:
+            return self.core.handle(event, self.now_ms())
+        except ValueError as e:  # the core refuses (an unknown profile, say), changing nothing
+            raise Refused(str(e)) from None
+        except Exception as e:
+            log.exception("the core failed on %s", type(event).__name__)
+            self._fatal(f"the core failed on {type(event).__name__}: {e!r}")
+            raise
 
     async def handle_all(self, events: list[ControllerEvent]) -> None:
         """Several events in one go: no reconcile runs between them (the whole set is placed
@@ -300,11 +304,7 @@ class ControllerRuntime(AdminCalls):
         done: list[asyncio.Future[None]] = []
         async with self._lock:
             for event in events:
-                try:
-                    step = self.core.handle(event, self.now_ms())
-                except ValueError as e:
-                    raise Refused(str(e)) from None
-                fut = self._apply(step)
+                fut = self._apply(self._decide(event))
                 if fut is not None:
                     done.append(fut)
         for fut in done:
