@@ -20,8 +20,11 @@ Measured: heartbeat latency p50/p99 in the steady window, heartbeats and sends t
 time until every replica was ready, the controller's CPU share and memory in the steady
 window (and this process's own: the latency it measures includes its own delays), nodes
 falsely declared suspect or lost (not silenced), and how long after its last heartbeat each
-silenced node was declared lost. Every loop is bounded in count and time; all
-traffic is on 127.0.0.1.
+silenced node was declared lost. Beside the agents' latency, where it went: the controller's
+own histograms over the steady window (a heartbeat's handling inside its app, its event loop's
+lateness, its collector's pauses: `service/timings.py`) and this process's own loop lateness,
+so that a tail is put on one side of the connection or the other. Every loop is bounded in count
+and time; all traffic is on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from typing import Any
 import h11
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench_progress import step
 from llmgw_twin.service.auth import new_token, token_hash
@@ -54,6 +58,13 @@ GPUS = 8
 FABRIC_SIZE = 100
 LOST_MARGIN_S = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+HISTOGRAMS = (
+    "llmgw_heartbeat_handling_seconds",
+    "llmgw_controller_loop_lateness_seconds",
+    "llmgw_gc_pause_seconds",
+)
+"""The controller's own histograms (`service/timings.py`), read before and after the steady
+window: they say whether a latency tail is the controller's or this process's."""
 
 
 def free_port() -> int:
@@ -151,6 +162,8 @@ class Agent:
 @dataclass
 class Stats:
     latencies_ms: list[float] = field(default_factory=list)
+    own_lateness_ms: list[float] = field(default_factory=list)
+    """How late this process's own event loop woke a 100 ms probe, in the steady window."""
     measuring: bool = False
     beats: int = 0
     failed: int = 0
@@ -351,6 +364,35 @@ class Load:
             after = body["next"]
         return out
 
+    async def histograms(self, client: httpx.AsyncClient) -> dict[str, dict[str, float]]:
+        """The controller's histograms now: name (with its labels) -> bucket bound -> count,
+        plus `count` and `sum`."""
+        r = await client.get(self.base + "/metrics", headers=self.headers)
+        r.raise_for_status()
+        out: dict[str, dict[str, float]] = {}
+        for family in text_string_to_metric_families(r.text):
+            if family.name not in HISTOGRAMS:
+                continue
+            for sample in family.samples:
+                labels = {k: v for k, v in sample.labels.items() if k != "le"}
+                key = family.name + "".join(f"{{{k}={v}}}" for k, v in sorted(labels.items()))
+                row = out.setdefault(key, {})
+                if sample.name.endswith("_bucket"):
+                    row[sample.labels["le"]] = sample.value
+                elif sample.name.endswith("_count"):
+                    row["count"] = sample.value
+                elif sample.name.endswith("_sum"):
+                    row["sum"] = sample.value
+        return out
+
+    async def probe_own_loop(self) -> None:
+        """This process's own lateness: the fake agents' delays are in what they measure."""
+        while not self.stop.is_set():
+            asked = time.monotonic()
+            await asyncio.sleep(0.1)
+            if self.stats.measuring:
+                self.stats.own_lateness_ms.append((time.monotonic() - asked - 0.1) * 1000)
+
     async def onboard(self, client: httpx.AsyncClient) -> None:
         sem = asyncio.Semaphore(32)
 
@@ -415,6 +457,7 @@ class Load:
             step(f"{self.n} nodes: registering, until {self.n // 2} replicas are ready")
             t_start = time.monotonic()
             tasks = [asyncio.create_task(self.agent(a)) for a in self.agents.values()]
+            tasks.append(asyncio.create_task(self.probe_own_loop()))
             ready_s = await self.until_ready(client, t_start)
             # this process's own collector stays out of the measured latencies: its heap of
             # 10,000 agents takes a full collection as long as the controller's would
@@ -422,10 +465,12 @@ class Load:
             gc.collect()
             gc.freeze()
             gc.disable()
+            before = await self.histograms(client)
             cpu0, wall0, own0 = self.cpu_s(), time.monotonic(), time.process_time()
             self.stats.measuring = True
             await asyncio.sleep(self.args.steady)
             self.stats.measuring = False
+            after = await self.histograms(client)
             gc.enable()
             gc.unfreeze()
             cpu_share = (self.cpu_s() - cpu0) / (time.monotonic() - wall0)
@@ -442,7 +487,9 @@ class Load:
         server.should_exit = True
         await served
         self.stop_controller()
-        return self.result(events, silenced, ready_s, cpu_share, rss)
+        return self.result(events, silenced, ready_s, cpu_share, rss) | {
+            "controller": controller_side(before, after)
+        }
 
     def result(
         self,
@@ -492,7 +539,50 @@ class Load:
             "unplaceable_events": sum(1 for e in events if e["kind"] == "replica.unplaceable"),
             "lag_events": sum(1 for e in events if e["kind"] == "controller.lagged"),
             "generator_cpu_share": self.generator_share,
+            "generator_lateness_ms": quantiles(sorted(self.stats.own_lateness_ms)),
         }
+
+
+def quantiles(values: list[float]) -> dict[str, float] | None:
+    """p50, p99 and max of sorted `values`, in their unit."""
+    if not values:
+        return None
+    return {
+        "p50": round(values[len(values) // 2], 2),
+        "p99": round(values[int(len(values) * 0.99)], 2),
+        "max": round(values[-1], 2),
+    }
+
+
+def controller_side(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, Any]]:
+    """Each controller histogram over the steady window: how many, their sum, and the bucket
+    bounds (ms) under which half and 99% of them fell, with the count past 50 ms."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, row in sorted(after.items()):
+        base = before.get(key, {})
+        count = row.get("count", 0.0) - base.get("count", 0.0)
+        bounds = sorted(
+            ((float(le), row[le] - base.get(le, 0.0)) for le in row if le not in ("count", "sum")),
+            key=lambda b: b[0],
+        )
+
+        def bound(q: float, bounds: list[tuple[float, float]] = bounds, n: float = count) -> str:
+            for le, cum in bounds:
+                if cum >= q * n:
+                    return "inf" if le == float("inf") else f"<={le * 1000:g}"
+            return "-"
+
+        over_50ms = count - next((cum for le, cum in bounds if le >= 0.05), count)
+        out[key] = {
+            "count": int(count),
+            "sum_s": round(row.get("sum", 0.0) - base.get("sum", 0.0), 3),
+            "p50_ms": bound(0.5) if count else "-",
+            "p99_ms": bound(0.99) if count else "-",
+            "over_50ms": int(over_50ms),
+        }
+    return out
 
 
 def main() -> None:
@@ -532,6 +622,25 @@ def main() -> None:
             f"| {r['nodes']:,} | {ready} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} ms "
             f"| {r['failed_beats']} / {r['failed_sends']} | {r['cpu_share']:.0%} "
             f"| {r['rss_mib']:.0f} MiB | {r['false_suspect']} / {r['false_lost']} | {detected} |"
+        )
+    print()
+    print(
+        "| nodes | heartbeat p99 at the agents | in the controller: p99 (bucket), past 50 ms "
+        "| its loop woken late past 50 ms | its collector's pauses past 50 ms "
+        "| the agents' own loop late: p99 / max |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        c = r["controller"]
+        hb = c.get("llmgw_heartbeat_handling_seconds", {})
+        late = c.get("llmgw_controller_loop_lateness_seconds", {})
+        pauses = sum(v["over_50ms"] for k, v in c.items() if k.startswith("llmgw_gc_pause"))
+        own = r["generator_lateness_ms"] or {"p99": 0.0, "max": 0.0}
+        print(
+            f"| {r['nodes']:,} | {r['p99_ms']:.1f} ms | {hb.get('p99_ms', '-')} ms, "
+            f"{hb.get('over_50ms', 0)} of {hb.get('count', 0):,} "
+            f"| {late.get('over_50ms', 0)} of {late.get('count', 0):,} probes | {pauses} "
+            f"| {own['p99']:.1f} / {own['max']:.1f} ms |"
         )
 
 

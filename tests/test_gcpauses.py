@@ -7,6 +7,7 @@ import asyncio
 import gc
 
 from llmgw_twin.service.gcpauses import GcPauses
+from llmgw_twin.service.timings import Buckets
 
 
 class Cycle:
@@ -37,3 +38,30 @@ def test_survivors_of_a_full_collection_are_frozen_then_thawed_once_an_interval(
         assert gc.get_freeze_count() == 0 and pauses._noted not in gc.callbacks
 
     asyncio.run(go())
+
+
+def test_each_collection_is_timed_by_its_generation() -> None:
+    async def go() -> None:
+        timed = {0: Buckets(), 1: Buckets(), 2: Buckets()}
+        pauses = GcPauses(thaw_every_s=3_600, pauses=timed)
+        pauses.start()
+        try:
+            full = timed[2].count
+            gc.collect()
+            assert timed[2].count == full + 1 and timed[2].total > 0
+            young = timed[0].count
+            gc.collect(0)
+            assert timed[0].count == young + 1
+        finally:
+            await pauses.stop()
+
+    asyncio.run(go())
+
+
+def test_buckets_count_each_observation_under_its_first_bound_not_below() -> None:
+    b = Buckets((0.001, 0.01, 0.1))
+    for seconds in (0.0005, 0.001, 0.005, 0.5, 0.05):
+        b.observe(seconds)
+    assert b.counts == [2, 1, 1, 1]  # a bound holds what equals it; 0.5 is past every bound
+    assert list(b.cumulative()) == [("0.001", 2), ("0.01", 3), ("0.1", 4), ("+Inf", 5)]
+    assert b.count == 5 and abs(b.total - 0.5565) < 1e-9

@@ -309,6 +309,38 @@ def fail_a_new_replica(stack: Stack) -> None:
     assert all(dict(k)["reason"] != "other" for k in last.series("llmgw_replica_reaps_total"))
 
 
+def test_heartbeats_and_the_event_loop_show_in_the_controllers_own_histograms(
+    stack: Stack,
+) -> None:
+    """Each heartbeat answered is one observation of its handling time; the lag monitor's
+    probes are observed whether late or not (what the load benchmark reads to say whose side a
+    latency tail is on)."""
+    spec = next(s for s in assigned_specs(stack.sent))
+    ready = {
+        r["replica"] for r in stack.get("/v1/admin/state")["replicas"] if r["state"] == "ready"
+    }
+    reports = tuple(
+        ShardReport(s, ShardState.SERVING, stack.engine, None, ())
+        for s in latest_assignment(stack.sent, spec.node)
+        if s.replica in ready
+    )
+    before = scrape(stack.controller)
+    for _ in range(3):
+        stack.heartbeat(Heartbeat(spec.node, reports))
+    after = scrape(stack.controller)
+    name = "llmgw_heartbeat_handling_seconds"
+    assert after.families[name] == "histogram"
+    assert delta(before, after, "llmgw_heartbeats_total") == 3
+    assert delta(before, after, name + "_count") == 3
+    assert delta(before, after, name + "_sum") > 0
+    buckets = sorted((float(dict(k)["le"]), v) for k, v in after.series(name + "_bucket").items())
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
+    assert buckets[-1] == (float("inf"), after.get(name + "_count"))
+    lateness = "llmgw_controller_loop_lateness_seconds_count"
+    moved = wait_moved(stack.controller, after, lateness)
+    assert delta(after, moved, lateness) >= 1
+
+
 def wait_moved(base: str, before: Scrape, name: str, **labels: str) -> Scrape:
     """The first scrape of `base` in which `name{labels}` moved since `before` (a counter moves
     once its step is durable and published)."""

@@ -71,6 +71,7 @@ from llmgw_twin.service.forwarding import Forwarder
 from llmgw_twin.service.gcpauses import GcPauses
 from llmgw_twin.service.lag import LagMonitor
 from llmgw_twin.service.metrics import ControllerMetrics
+from llmgw_twin.service.timings import ControllerTimings
 from llmgw_twin.service.views import fleet_state, model_list
 from llmgw_twin.service.wire import (
     HeartbeatW,
@@ -152,7 +153,8 @@ class ControllerRuntime(AdminCalls):
         )
         self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None
-        self.lag = LagMonitor(self._lagged)
+        self.histograms = ControllerTimings()
+        self.lag = LagMonitor(self._lagged, self.histograms.loop_lateness)
         self.gc_pauses: GcPauses | None = None
         """Set by the controller process (`controller_main`), not by one runtime among many."""
 

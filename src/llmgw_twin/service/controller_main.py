@@ -32,6 +32,7 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, StoreError, OSError, sqlite3.Error) as e:
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
-    runtime.gc_pauses = GcPauses()  # this process holds the fleet: keep full collections short
+    # this process holds the fleet: keep full collections short, and time them
+    runtime.gc_pauses = GcPauses(pauses=runtime.histograms.gc_pause)
     app = create_controller_app(runtime)
     return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)

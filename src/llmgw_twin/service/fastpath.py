@@ -20,6 +20,7 @@ limit already read and bounded.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,7 @@ class HeartbeatFastPath:
             await self.app(scope, receive, send)
             return
         authorization, content_type = _headers(scope)
+        started = time.perf_counter()
         ours, caller = self._caller(authorization)
         if not ours or content_type is None or not content_type.startswith(_JSON):
             await self.app(scope, receive, send)
@@ -86,6 +88,7 @@ class HeartbeatFastPath:
             return
         self.answered += 1
         await _answer(send, 200, _ASKS if asks else _QUIET)
+        self.runtime.histograms.heartbeat.observe(time.perf_counter() - started)
 
     def _caller(self, authorization: bytes | None) -> tuple[bool, Caller | None]:
         """Whether the credential lets this request through (else FastAPI refuses it), and

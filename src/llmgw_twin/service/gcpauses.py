@@ -9,8 +9,9 @@ longer looks), so later full collections walk only what is new. Every `THAW_EVER
 objects are thawed once, so that the next full collection looks at everything and frees any
 cycles among them: one long pause in that interval instead of one every few seconds.
 
-`GcPauses.start()` registers a collector callback (which only notes that a full collection
-ended) and a task that freezes soon after, on the event loop; `stop()` undoes both and thaws.
+`GcPauses.start()` registers a collector callback (which times each collection's pause and
+notes that a full collection ended) and a task that freezes soon after, on the event loop;
+`stop()` undoes both and thaws.
 """
 
 from __future__ import annotations
@@ -21,13 +22,22 @@ import gc
 import time
 from typing import Any
 
+from llmgw_twin.service.timings import Buckets
+
 THAW_EVERY_S = 600.0
 TEND_EVERY_S = 1.0
 
 
 class GcPauses:
-    def __init__(self, thaw_every_s: float = THAW_EVERY_S) -> None:
+    def __init__(
+        self,
+        thaw_every_s: float = THAW_EVERY_S,
+        pauses: dict[int, Buckets] | None = None,
+    ) -> None:
         self.thaw_every_s = thaw_every_s
+        self._pauses = pauses
+        """Each collection's pause, by generation (`/metrics`)."""
+        self._began = 0.0
         self.freezes = 0
         self.thaws = 0
         self._full_done = False
@@ -35,7 +45,13 @@ class GcPauses:
         self._task: asyncio.Task[None] | None = None
 
     def _noted(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "stop" and info.get("generation") == 2:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        generation = info.get("generation")
+        if self._pauses is not None and generation in self._pauses:
+            self._pauses[generation].observe(time.perf_counter() - self._began)
+        if generation == 2:
             self._full_done = True  # acted on in `tend`, outside the collector
 
     def tend(self) -> None:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from llmgw_twin.service.timings import Buckets
+
 log = logging.getLogger("llmgw_twin.controller")
 
 PROBE_S = 0.1
@@ -29,8 +31,14 @@ LOG_EVERY_S = 10.0
 
 
 class LagMonitor:
-    def __init__(self, on_lag: Callable[[int], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        on_lag: Callable[[int], Awaitable[None]],
+        lateness: Buckets | None = None,
+    ) -> None:
         self._on_lag = on_lag
+        self._lateness = lateness
+        """Every probe's lateness goes here (`/metrics`), the small ones too."""
         self.episodes = 0
         self.forgiven_ms = 0
         self.last_ms = 0
@@ -66,7 +74,10 @@ class LagMonitor:
         while True:
             asked = time.monotonic()
             await asyncio.sleep(PROBE_S)
-            late_ms = int((time.monotonic() - asked - PROBE_S) * 1000)
+            late_s = max(0.0, time.monotonic() - asked - PROBE_S)
+            if self._lateness is not None:
+                self._lateness.observe(late_s)
+            late_ms = int(late_s * 1000)
             if late_ms > TOLERANCE_MS:
                 await self.lagged(late_ms)
 

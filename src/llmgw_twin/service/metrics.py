@@ -188,6 +188,7 @@ class _ControllerCollector:
             m.reaps.items(),
         )
         yield CounterMetricFamily("llmgw_heartbeats", "Node heartbeats heard", value=m.heartbeats)
+        yield from self._runtime.histograms.families()
         yield from self._parts()
 
     def _parts(self) -> Iterator[Metric]:
