@@ -88,6 +88,10 @@ class RealCluster:
         self.controller_port = controller_port
         self.controller_url = f"http://127.0.0.1:{controller_port}"
         self.controller: subprocess.Popen[bytes] | None = None
+        self.standbys: list[subprocess.Popen[bytes]] = []
+        """The next controller processes, each started ahead of its `restart_controller` and
+        waiting to serve (`controller --not-before`), in the order of their restarts: the first
+        becomes `controller` when the current one is killed."""
         self.router: subprocess.Popen[bytes] | None = None
         """A router process of its own, started for a scenario with traffic."""
         self._router_token = new_token()
@@ -226,13 +230,32 @@ class RealCluster:
         self.started_groups.add(proc.pid)
         return proc
 
-    def start_controller(self, config: Path, not_before_ns: int | None = None) -> None:
+    def start_controller(
+        self, config: Path, not_before_ns: int | None = None, *, standby: bool = False
+    ) -> None:
         """A controller process; with `not_before_ns` it loads now and serves from that instant
-        of the host's monotonic clock (`controller --not-before`)."""
+        of the host's monotonic clock (`controller --not-before`): it opens the store and binds
+        its port only then. `standby`: it is a next one, started while the current one still
+        serves (`promote_standby` makes it current once that one is killed)."""
         args = ["controller", "--config", str(config)]
         if not_before_ns is not None:
             args += ["--not-before", str(not_before_ns)]
-        self.controller = self._spawn(args, "controller.log")
+        proc = self._spawn(args, "controller.log")
+        if standby:
+            self.standbys.append(proc)
+        else:
+            self.controller = proc
+
+    def promote_standby(self) -> bool:
+        """The first standby controller becomes the current one (False: there is none, or it
+        died)."""
+        if not self.standbys:
+            return False
+        proc = self.standbys.pop(0)
+        if proc.poll() is not None:
+            return False
+        self.controller = proc
+        return True
 
     def start_router(self) -> None:
         """A router beside the controller, following its feed; clients go to it from now on."""
@@ -372,7 +395,7 @@ class RealCluster:
             except subprocess.TimeoutExpired:
                 _killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=STOP_GRACE_S)
-        for service in (self.router, self.controller):
+        for service in (self.router, self.controller, *self.standbys):
             if service is None:
                 continue
             _killpg(service.pid, signal.SIGTERM)

@@ -88,23 +88,39 @@ class RealFaults:
         """The `restart_node` faults whose agent `boot_ahead` starts."""
 
     def boot_ahead(self, t0: float) -> None:
-        """Start the agent process of each `restart_node` of a node that is down up to
-        `BOOT_LEAD_S` before the fault (never before the node went down), serving from the
-        fault's instant (`agent --not-before`): a machine's boot is the twin's instant, and a
-        Python process's start-up, ten times as long on the scaled clock, is not part of it.
-        `t0`: the run's zero on the host's monotonic clock (the event loop's clock too)."""
+        """Start ahead the processes that a fault brings up, each serving from its instant:
+        the agent of each `restart_node` of a node that is down, up to `BOOT_LEAD_S` before
+        the fault (never before the node went down), serving from the fault's instant
+        (`agent --not-before`), and the next controller of each `restart_controller`, up to
+        `BOOT_LEAD_S` before it (after the restart before), serving once its outage is
+        over. A machine's boot is the twin's instant, and a Python process's start-up, ten
+        times as long on the scaled clock and longer still when the cores are busy, is not part
+        of it. `t0`: the run's zero on the host's monotonic clock (the event loop's clock too)."""
         loop = asyncio.get_running_loop()
         down_at: dict[NodeId, int] = {}
+        controller_since = 0
+        lead_max = int(BOOT_LEAD_S * 1000)
         for fault in self.scenario.faults:  # in time order
             match fault.action:
                 case KillNode(node=node) | CrashNode(node=node):
                     down_at[node] = fault.at_ms
                 case RestartNode(node=node) if node in down_at:
-                    lead_ms = min(int(BOOT_LEAD_S * 1000), fault.at_ms - down_at.pop(node))
+                    lead_ms = min(lead_max, fault.at_ms - down_at.pop(node))
                     serve_ns = int(t0 * 1e9) + fault.at_ms * 1_000_000
                     start_at = t0 + (fault.at_ms - lead_ms) / 1000
                     self._booted.add(id(fault))
                     self._pending.append(loop.call_at(start_at, self._boot, node, serve_ns))
+                case RestartController(down_for_ms=down_for_ms):
+                    # strictly after the restart before, so standbys start in restart order
+                    lead_ms = max(0, min(lead_max, fault.at_ms - controller_since - 1))
+                    controller_since = fault.at_ms
+                    serve_ns = int(t0 * 1e9) + (fault.at_ms + down_for_ms) * 1_000_000
+                    start_at = t0 + (fault.at_ms - lead_ms) / 1000
+                    self._pending.append(loop.call_at(start_at, self._standby, serve_ns))
+
+    def _standby(self, serve_ns: int) -> None:
+        config = self.cluster.workdir / "controller.yaml"
+        self.cluster.start_controller(config, not_before_ns=serve_ns, standby=True)
 
     def _boot(self, node: NodeId, serve_ns: int) -> None:
         self.cluster.start_agent(node, not_before_ns=serve_ns)
@@ -143,14 +159,7 @@ class RealFaults:
             case KillEngine(node=node, replica_of=model):
                 await asyncio.to_thread(self._kill_engine, node, model)
             case RestartController(down_for_ms=down_for_ms):
-                await asyncio.to_thread(cluster.kill_controller)
-                # the new process starts now and loads its code meanwhile, but opens its store
-                # and serves only once the outage is over: a Python process's seconds of
-                # start-up, ten times as long on the scaled clock, are not downtime the
-                # scenario asked for (later faults keep their own instants)
-                serve_at = time.monotonic_ns() + down_for_ms * 1_000_000
-                config = cluster.workdir / "controller.yaml"
-                cluster.start_controller(config, not_before_ns=serve_at)
+                await self._restart_controller(down_for_ms)
             case SetReplicas(model=model, replicas=replicas):
                 dep = self._deployments[model]
                 task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
@@ -179,6 +188,17 @@ class RealFaults:
                 await asyncio.to_thread(self._hang_engine, node, model)
             case _:
                 assert_never(fault.action)
+
+    async def _restart_controller(self, down_for_ms: int) -> None:
+        """Kill the controller; the next one was started ahead (`boot_ahead`) and has loaded its
+        code, and opens the store and serves once the outage is over: a Python process's
+        seconds of start-up, ten times as long on the scaled clock, are not downtime the
+        scenario asked for (later faults keep their own instants)."""
+        cluster = self.cluster
+        await asyncio.to_thread(cluster.kill_controller)
+        if not cluster.promote_standby():  # it died: one now, loading during the outage
+            serve_at = time.monotonic_ns() + down_for_ms * 1_000_000
+            cluster.start_controller(cluster.workdir / "controller.yaml", not_before_ns=serve_at)
 
     async def _set_replicas(
         self, client: httpx.AsyncClient, model: str, profile: str, replicas: int
