@@ -140,6 +140,39 @@ def test_a_failed_send_is_retried_with_back_off_then_given_up_on(
     asyncio.run(go())
 
 
+def test_a_failed_send_is_never_retried_after_a_newer_one_of_its_kind_went(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An assignment to a node that is down fails and waits for its retry; the node comes back
+    and a newer assignment is delivered before the retry's time: the retry is dropped, so the
+    node's last assignment is the newer one (it once overwrote it, stopping its shards)."""
+    monkeypatch.setattr(delivery, "RETRY_FIRST_S", 0.05)
+
+    async def go() -> None:
+        agents = Agents(fail_first=1)
+        d = Delivery(urls(1), None, transport=httpx.MockTransport(agents))
+        d.open()
+        n0 = NodeId("n0")
+        old, new = AssignShards(n0, ()), AssignShards(n0, ())
+        d.send(old)
+
+        async def failed_once() -> bool | None:
+            return (d.failed == 1 and bool(d._retries)) or None
+
+        await eventually(failed_once, 5, "the first send failed, its retry waiting")
+        d.send(new)
+
+        async def delivered() -> bool | None:
+            return len(agents.arrived) == 1 or None
+
+        await eventually(delivered, 5, "the newer assignment delivered")
+        await asyncio.gather(*list(d._retries))  # the old one's retry comes due
+        assert d.in_flight == 0 and d.sent == 1 and len(agents.arrived) == 1
+        await d.close()
+
+    asyncio.run(go())
+
+
 def test_nothing_goes_to_a_node_without_an_address() -> None:
     async def go() -> None:
         agents = Agents()

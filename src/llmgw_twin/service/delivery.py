@@ -13,9 +13,11 @@ Invariants:
   is the node's whole set), a report request is asked once. A node's commands leave in the order
   their newest versions were decided, one at a time.
 - A failed send is retried with a capped exponential back-off (`RETRY_FIRST_S` doubling to
-  `RETRY_MAX_S`) up to `RETRY_ATTEMPTS` times, unless a newer command of its kind replaced it;
-  then it is dropped with a warning (the core is level-triggered and assigns again once the
-  agent's report disagrees).
+  `RETRY_MAX_S`) up to `RETRY_ATTEMPTS` times, and only while it is still the newest of its kind
+  for its node: one decided since, whether still pending or already delivered, supersedes it
+  (a stale assignment retried after a newer one went would stop the newer one's shards). After
+  its last attempt it is dropped with a warning (the core is level-triggered and assigns again
+  once the agent's report disagrees).
 - A command to a node with no known address, or whose credential was revoked, is not sent.
 - `close` lets what is in flight finish (bounded), then stops the workers.
 """
@@ -70,6 +72,9 @@ class Delivery:
         registration storm."""
         self._pending: dict[NodeId, list[tuple[ControllerCommand, int]]] = {}
         """node -> its commands not yet sent, each with the attempts made, in order"""
+        self._newest: dict[tuple[NodeId, type], ControllerCommand] = {}
+        """(node, kind) -> the newest command of that kind decided for the node: only it may be
+        retried (an older one, its send failed, must never follow a newer one that went)."""
         self._queue: collections.deque[NodeId] = collections.deque()
         self._queued: set[NodeId] = set()
         self._busy: set[NodeId] = set()
@@ -124,6 +129,7 @@ class Delivery:
         if node not in self._urls:
             log.warning("no address known for node %s: %s not sent", node, type(cmd).__name__)
             return
+        self._newest[node, type(cmd)] = cmd
         self._put(cmd, 0)
 
     def _put(self, cmd: ControllerCommand, attempts: int) -> None:
@@ -169,9 +175,8 @@ class Delivery:
 
         async def later() -> None:
             await asyncio.sleep(delay)
-            pending = self._pending.get(cmd.node, [])
-            if any(type(c) is type(cmd) for c, _ in pending):
-                return  # a newer one of its kind is on its way
+            if self._newest.get((cmd.node, type(cmd))) is not cmd:
+                return  # a newer one of its kind was decided since: it is on its way, or went
             if cmd.node in self._urls:
                 self._put(cmd, attempts)
 
