@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean llama-server chromium dist-check
+.PHONY: run test test-real lint bench clean llama-server chromium dist-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ dist-check: $(VENV)/.installed
 test: lint llama-server chromium dist-check
 	$(BIN)/llmgw-twin run -q scenarios/*.yaml
 	$(BIN)/pytest -q
+
+# every scenario file on real processes with the twin's decisions, two at a time (~10 min)
+test-real: $(VENV)/.installed
+	$(BIN)/pytest -q -m real_suite -n 2 tests/test_real_suite.py
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/fleet.py
