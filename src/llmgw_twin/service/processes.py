@@ -129,6 +129,43 @@ def peek_exit(proc: Proc) -> int | None:
     return info.si_status
 
 
+class ExitWatch:
+    """Wakes a watcher the moment a child process ends, not at its next poll: a pidfd (Linux
+    5.3 and later) read on the event loop. A process that is not this one's child (an adopted
+    one), or a host without pidfds, is waited for by the timeout alone."""
+
+    def __init__(self, proc: Proc) -> None:
+        self._fd: int | None = None
+        if isinstance(proc, subprocess.Popen) and proc.returncode is None:
+            with contextlib.suppress(OSError, AttributeError):
+                self._fd = os.pidfd_open(proc.pid)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the process has ended (at once if it has), at most `timeout_s`."""
+        if self._fd is None:
+            await asyncio.sleep(timeout_s)
+            return
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(self._fd, readable)
+        try:
+            await asyncio.wait_for(ended, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

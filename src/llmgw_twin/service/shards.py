@@ -64,7 +64,14 @@ from llmgw_twin.service.launcher import (
     probe_for,
     sidecar_argv,
 )
-from llmgw_twin.service.processes import PortPool, peek_exit, spawn, start_ticks, stop_group
+from llmgw_twin.service.processes import (
+    ExitWatch,
+    PortPool,
+    peek_exit,
+    spawn,
+    start_ticks,
+    stop_group,
+)
 from llmgw_twin.service.runstate import Keeper, ShardProcs
 
 log = logging.getLogger("llmgw_twin.agent")
@@ -72,7 +79,7 @@ log = logging.getLogger("llmgw_twin.agent")
 POLL_S = 0.05
 """Sidecar start polling."""
 WATCH_S = 0.1
-"""Engine exit and readiness polling."""
+"""Readiness polling; an engine's exit wakes the watch at once (`ExitWatch`)."""
 PROBE_FAILURES = 1
 """Consecutive failed probes (each bounded by the client's 2 s timeout) that make a leader
 `unresponsive`; one answer makes it `serving` again. One, as the twin models it (a leader that
@@ -357,6 +364,14 @@ class ShardRunner:
             return False
 
     async def _watch(self, procs: ShardProcs) -> None:
+        assert procs.engine is not None
+        exits = ExitWatch(procs.engine)
+        try:
+            await self._watch_until_done(procs, exits)
+        finally:
+            exits.close()
+
+    async def _watch_until_done(self, procs: ShardProcs, exits: ExitWatch) -> None:
         assert procs.engine is not None and procs.probe is not None and procs.sidecar is not None
         spec, settings = procs.spec, self.settings
         started = time.monotonic()
@@ -408,7 +423,7 @@ class ShardRunner:
                     if failures == PROBE_FAILURES:
                         self._note("engine-unresponsive", spec, procs.engine.pid)
                         self._feed(EngineUnresponsive(spec.key))
-            await asyncio.sleep(WATCH_S)
+            await exits.wait(WATCH_S)
 
     def _ready_event(self, procs: ShardProcs) -> AgentEvent:
         spec = procs.spec
