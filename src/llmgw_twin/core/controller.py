@@ -121,11 +121,18 @@ class Controller:
             self._life, self._profiles, self._deployments, self._failures, self._drain
         )
         self._clock_written_ms: int | None = None
+        self._due_ms: int | None = None
+        """When the next reconcile is due: the reconciles keep the phase `start` gave them."""
         self._started_reported = True  # start() arms the controller.started report
         self._restored_count = 0
         self._adopted_count = 0
 
     # --- read-only views (for shells, the router and the twin's checkers) ---------------------
+
+    @property
+    def reconcile_due_ms(self) -> int | None:
+        """When the next reconcile is due (None before `start`)."""
+        return self._due_ms
 
     def node_state(self, node: NodeId) -> NodeState | None:
         return self._fleet.health.state(node)
@@ -265,19 +272,25 @@ class Controller:
                 assert_never(event)
         return self._out.flush()
 
-    def start(self, now_ms: int) -> Step:
+    def start(self, now_ms: int, since_ms: int | None = None) -> Step:
         """The controller process came up. It restores what its store holds, asks every known
         agent to report now, and reconciles first one interval later: agents have that long to
-        register or answer before anything is judged unplaceable or short of a shard."""
+        register or answer before anything is judged unplaceable or short of a shard.
+        `since_ms`: the instant the process was to serve from, if it was told one: the
+        reconciles keep its phase (its start-up after it is not part of the schedule), the
+        first one at least half an interval from now."""
         self._out.now_ms = now_ms
+        interval = self.timings.reconcile_interval_ms
+        due = min(now_ms, now_ms if since_ms is None else since_ms) + interval
+        if due < now_ms + interval // 2:
+            due += interval * -(-(now_ms + interval // 2 - due) // interval)
+        self._due_ms = due
         self._started_reported = False
         commands: list[ControllerCommand] = []
         if self._restored is not None:
             self._restore(self._restored, now_ms)
             commands = [RequestReport(n) for n in sorted(self._fleet.infos)]
-        return self._out.flush(
-            tuple(commands), wake_at_ms=now_ms + self.timings.reconcile_interval_ms
-        )
+        return self._out.flush(tuple(commands), wake_at_ms=self._due_ms)
 
     def _restore(self, state: DurableState, now_ms: int) -> None:
         self._profiles.update({p.name: p for p in state.profiles})
@@ -372,9 +385,18 @@ class Controller:
         if written is None or now_ms - written >= self.timings.heartbeat_interval_ms:
             self._clock_written_ms = now_ms
             self._out.write(PutClock(now_ms))
-        return self._out.flush(
-            tuple(commands), wake_at_ms=now_ms + self.timings.reconcile_interval_ms
-        )
+        return self._out.flush(tuple(commands), wake_at_ms=self._next_due(now_ms))
+
+    def _next_due(self, now_ms: int) -> int:
+        """The reconcile after the one at `now_ms`, on the grid `start` set: a late reconcile
+        (a busy host) does not move the later ones, and one later than a whole interval skips
+        the instants it missed rather than running them all at once."""
+        interval = self.timings.reconcile_interval_ms
+        due = now_ms if self._due_ms is None else self._due_ms
+        if now_ms >= due:
+            due += interval * (1 + (now_ms - due) // interval)
+        self._due_ms = due
+        return due
 
     # --- adoption ----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ that instant (the joins) have negative times.
 from __future__ import annotations
 
 import asyncio
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -168,7 +169,8 @@ class RealRun:
             # once every agent has registered, with the deployments applied at that instant, so
             # that placement sees the whole fleet as it does in the twin.
             await self._wait_registered(client)
-            self.t0 = time.monotonic()
+            self.t0 = await self._on_the_reconcile_grid(client)
+            await self._until(0)
             await self._deploy(client)
             await asyncio.gather(
                 self._timeline(client),
@@ -192,6 +194,26 @@ class RealRun:
                 return
             await asyncio.sleep(POLL_S)
         raise RuntimeError(f"not every agent registered within {REGISTER_DEADLINE_S}s")
+
+    async def _on_the_reconcile_grid(self, client: httpx.AsyncClient) -> float:
+        """The run's zero: the controller's next reconcile from now, as the twin's zero is one
+        of its reconciles. The reconciles keep their phase (a restarted controller's is the
+        end of its outage: `controller --not-before`), so every fault then falls where it falls
+        in the twin between two reconciles, and so does what a fault sets off: with a random
+        phase a replica failed just before a reconcile was replaced before the other nodes had
+        answered, and where the replacement went differed from the twin. Now, if the
+        controller does not say."""
+        now = time.monotonic()
+        state = await self._state(client)
+        events = await self._events(client, 0)
+        due_ms = ((state or {}).get("controller") or {}).get("next_reconcile_ms")
+        if due_ms is None or events is None:
+            return now
+        interval = self.scenario.timings.reconcile_interval_ms / 1000
+        due = (int(events["origin_monotonic_ns"]) + int(due_ms) * 1_000_000) / 1e9
+        if due < now:
+            due += interval * math.ceil((now - due) / interval)
+        return due
 
     async def _deploy(self, client: httpx.AsyncClient) -> None:
         """Every deployment in one call, placed together as the twin places them at its start
