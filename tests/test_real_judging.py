@@ -338,3 +338,27 @@ def test_a_count_holds_between_what_surely_and_what_may_fall_inside() -> None:
     assert judge_event_real(one, started(21.0), 2_000).passed
     assert not judge_event_real(one, started(), 2_000).passed
     assert not judge_event_real(one, started(12.0, 15.0), 2_000).passed
+
+
+def adopted(t: int, rid: str, nodes: tuple[str, ...], is_ready: bool) -> TraceEvent:
+    return ev(
+        t, "replica.adopted", model="m", replica=rid, fabric="ib-a", nodes=nodes, ready=is_ready
+    )
+
+
+def test_an_adoption_while_loading_then_ready_is_the_adoption_of_a_ready_replica() -> None:
+    """Whether the engine finished loading before the restarted controller heard it is a race
+    of start-up times: adopted loading then ready, or adopted ready, is one decision."""
+    twin = [placed(1_000, "m-r1", "ib-a", A), adopted(9_000, "m-r1", A, True)]
+    loading = [
+        placed(1_000, "m-r1", "ib-a", A),
+        adopted(9_100, "m-r1", A, False),
+        ready(9_300, "m-r1", "ib-a", A),
+    ]
+    assert decision_differences(twin, loading) == []
+    assert decision_differences(loading, twin) == []
+    never_ready = [placed(1_000, "m-r1", "ib-a", A), adopted(9_100, "m-r1", A, False)]
+    assert decision_differences(twin, never_ready) == [
+        "replica m-r1: twin placed ib-a node01+node02, adopted ib-a node01+node02 ready=True; "
+        "real placed ib-a node01+node02, adopted ib-a node01+node02 ready=False"
+    ]

@@ -272,19 +272,13 @@ class Controller:
                 assert_never(event)
         return self._out.flush()
 
-    def start(self, now_ms: int, since_ms: int | None = None) -> Step:
+    def start(self, now_ms: int) -> Step:
         """The controller process came up. It restores what its store holds, asks every known
         agent to report now, and reconciles first one interval later: agents have that long to
-        register or answer before anything is judged unplaceable or short of a shard.
-        `since_ms`: the instant the process was to serve from, if it was told one: the
-        reconciles keep its phase (its start-up after it is not part of the schedule), the
-        first one at least half an interval from now."""
+        register or answer before anything is judged unplaceable or short of a shard. The
+        reconciles keep that phase (`_next_due`)."""
         self._out.now_ms = now_ms
-        interval = self.timings.reconcile_interval_ms
-        due = min(now_ms, now_ms if since_ms is None else since_ms) + interval
-        if due < now_ms + interval // 2:
-            due += interval * -(-(now_ms + interval // 2 - due) // interval)
-        self._due_ms = due
+        self._due_ms = now_ms + self.timings.reconcile_interval_ms
         self._started_reported = False
         commands: list[ControllerCommand] = []
         if self._restored is not None:

@@ -163,6 +163,21 @@ def decisions(trace: Sequence[TraceEvent], end_ms: int | None = None) -> dict[st
         elif ev.kind == "node.recovered" and node in lost:  # back from lost, not a suspect blip
             lost.discard(node)
             out.setdefault(f"node {node}", []).append(("recovered",))
+    return {key: _adopted_loading(steps) for key, steps in out.items()}
+
+
+def _adopted_loading(steps: list[Decision]) -> list[Decision]:
+    """An adoption of a replica still loading, then its readiness, is one decision with an
+    adoption of it ready: the controller adopted it as it was (no engine restarted), and it
+    serves once loaded either way. Which of the two a run shows depends on whether the engine
+    finished loading before or after the restarted controller heard it, a race of the engine's
+    start-up time, not a decision."""
+    out: list[Decision] = []
+    for step in steps:
+        if step == ("ready",) and out and out[-1][0] == "adopted" and out[-1][-1] is False:
+            out[-1] = (*out[-1][:-1], True)
+            continue
+        out.append(step)
     return out
 
 

@@ -63,7 +63,7 @@ from llmgw_twin.service.config import AgentSettings
 from llmgw_twin.service.limits import BodyLimit
 from llmgw_twin.service.node_watch import NodeWatch, engines_on, poll_interval_ms
 from llmgw_twin.service.replies import CONFLICT, ERRORS
-from llmgw_twin.service.serving import lifespan_of
+from llmgw_twin.service.serving import MAX_WAIT_S, lifespan_of
 from llmgw_twin.service.shards import ShardRunner
 from llmgw_twin.service.tls import client_verify
 from llmgw_twin.service.wire import (
@@ -150,6 +150,10 @@ class AgentRuntime:
         self._outbox = _Outbox()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self.serve_from_ns: int | None = None
+        """`agent --not-before`: the host's monotonic instant `start` waits for. Everything
+        above (config, inventory, credential, adoption) is done by then, so the agent registers
+        at that instant, not a Python start-up later."""
 
     def now_ms(self) -> int:
         return (time.monotonic_ns() - self._t0_ns) // 1_000_000
@@ -178,6 +182,9 @@ class AgentRuntime:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.serve_from_ns is not None:
+            wait_s = (self.serve_from_ns - time.monotonic_ns()) / 1e9
+            await asyncio.sleep(min(max(0.0, wait_s), MAX_WAIT_S))
         self._client = httpx.AsyncClient(
             transport=self._controller_transport,
             timeout=REPORT_TIMEOUT_S,

@@ -25,12 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     serving.setup_logging(args.log_level)
-    serving.wait_not_before(args)
     try:
         settings = load_agent_config(args.config)
         runtime = AgentRuntime(settings)
     except (ConfigError, RunStateError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
+    runtime.serve_from_ns = args.not_before  # waited for in `start`, everything else ready
     app = create_agent_app(runtime)
     return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)

@@ -157,16 +157,9 @@ class ControllerRuntime(AdminCalls):
         self.lag = LagMonitor(self._lagged, self.histograms.loop_lateness)
         self.gc_pauses: GcPauses | None = None
         """Set by the controller process (`controller_main`), not by one runtime among many."""
-        self.serve_from_ns: int | None = None
-        """The host's monotonic instant the process was told to serve from (`--not-before`):
-        the reconciles keep its phase, not that of the start-up after it."""
 
     def now_ms(self) -> int:
-        return self._core_ms(time.monotonic_ns())
-
-    def _core_ms(self, monotonic_ns: int) -> int:
-        """The core's clock at an instant of the host's monotonic clock."""
-        return self._epoch0_ms + (monotonic_ns - self._t0_ns) // 1_000_000
+        return self._epoch0_ms + (time.monotonic_ns() - self._t0_ns) // 1_000_000
 
     @property
     def core(self) -> Controller:
@@ -204,9 +197,7 @@ class ControllerRuntime(AdminCalls):
                     self._apply(self._core.handle(ApplyProfile(profile), self.now_ms()))
                 for dep in s.deployments:
                     self._apply(self._core.handle(ApplyDeployment(dep), self.now_ms()))
-            since = self.serve_from_ns
-            since_ms = None if since is None else self._core_ms(since)
-            self._apply(self._core.start(self.now_ms(), since_ms))
+            self._apply(self._core.start(self.now_ms()))
         self._loop_task = asyncio.create_task(self._reconcile_loop())
         self.lag.start()
         if self.gc_pauses is not None:

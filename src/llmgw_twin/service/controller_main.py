@@ -34,6 +34,5 @@ def main(args: argparse.Namespace) -> int:
         return serving.EXIT_INVALID
     # this process holds the fleet: keep full collections short, and time them
     runtime.gc_pauses = GcPauses(pauses=runtime.histograms.gc_pause)
-    runtime.serve_from_ns = args.not_before
     app = create_controller_app(runtime)
     return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)

@@ -44,9 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
         "--not-before",
         type=int,
         metavar="NS",
-        help="load the program, then wait until the host's monotonic clock reads NS (in ns) "
-        "before reading the config and state and serving: a restart whose start-up costs no "
-        "downtime (real mode restarts processes exactly when its scenario says with it)",
+        help="wait until the host's monotonic clock reads NS (in ns) before serving: the "
+        "controller loads its code, then waits before it reads its config and store; the agent "
+        "also reads its config and the node first, and waits before it registers. A restart "
+        "whose start-up costs no downtime (real mode restarts processes exactly when its "
+        "scenario says with it)",
     )
 
 
