@@ -2,6 +2,8 @@
 twin on the same scaled file.
 
     .venv/bin/python benchmarks/real_fidelity.py [--jobs 2] [--time-scale 0.1] [FILE...]
+    .venv/bin/python benchmarks/real_fidelity.py --reports DIR
+
 
 Runs `llmgw-twin run --real --compare --json FILE` for each file (default: every file in
 `scenarios/`), `--jobs` at a time, each in a temporary folder of its own (the runs keep apart:
@@ -11,6 +13,9 @@ and node), and, per event expectation, the twin's virtual time, the real time an
 difference of the first matching event inside the window ("none" when no event falls in it);
 then the differences in decisions, file by file. Progress goes to stderr. Exit status 0 when
 every file passed with the same decisions, 1 otherwise.
+
+With `--reports DIR` nothing runs: the table is made of the JSON reports the real-suite test
+wrote there (`LLMGW_REAL_REPORTS=DIR make test-real`).
 
 The runs share this machine's cores: more jobs finish sooner and judge harsher (processes start
 slower when the cores are busy, and the tolerance is the same).
@@ -90,13 +95,17 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=0.1)
     p.add_argument("--max-seconds", type=float, default=420.0)
+    p.add_argument("--reports", type=Path, help="make the table of the reports in this folder")
     args = p.parse_args()
     files = args.files or sorted((ROOT / "scenarios").glob("*.yaml"))
     reports: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for report in pool.map(lambda f: run_one(f, args), files):
-            reports.append(report)
-            print(f"{len(reports)}/{len(files)} {report['file']}", file=sys.stderr, flush=True)
+    if args.reports is not None:
+        reports = [json.loads(f.read_text()) for f in sorted(args.reports.glob("*.json"))]
+    else:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            for report in pool.map(lambda f: run_one(f, args), files):
+                reports.append(report)
+                print(f"{len(reports)}/{len(files)} {report['file']}", file=sys.stderr, flush=True)
     print("\n".join(table(reports)))
     for r in reports:
         for line in r.get("fidelity", {}).get("differences", []):

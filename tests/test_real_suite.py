@@ -6,6 +6,9 @@ not part of the default run (`-m "not real_suite"` in the project's pytest optio
 
     make test-real        (= pytest -m real_suite -n 2)
 
+With `LLMGW_REAL_REPORTS=DIR` set, each file's JSON report is also written to `DIR/NAME.json`,
+and `benchmarks/real_fidelity.py --reports DIR` prints the fidelity table of that run.
+
 Each file runs in a TMPDIR of its own (its processes carry it, and only they are looked at), so
 two workers, or another run of the project on the machine, keep apart. A failure prints the
 expectations that failed, the differences in decisions and the fidelity table.
@@ -69,6 +72,10 @@ def test_the_scenario_passes_on_real_processes_with_the_twins_decisions(
     path: Path, tmp_path: Path
 ) -> None:
     report = run_real(path, tmp_path)
+    if keep := os.environ.get("LLMGW_REAL_REPORTS"):
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        report["file"] = path.stem
+        (Path(keep) / f"{path.stem}.json").write_text(json.dumps(report))
     assert report["passed"], explain(report)
     assert not report["left_running"], explain(report)
     assert report["fidelity"]["same_decisions"], explain(report)
