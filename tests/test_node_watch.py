@@ -124,8 +124,8 @@ def test_engines_on_failed_gpus_are_those_whose_engine_runs() -> None:
     starting = LocalShard(shard("m-r3", 0, ("n1",), gpus=(1,)), Phase.SIDECAR)
     exited = LocalShard(shard("m-r4", 0, ("n1",), gpus=(1,)), Phase.EXITED)
     assert engines_on({1}, [running, elsewhere, starting, exited]) == [running.spec.key]
-    assert poll_interval_ms(1_000) == 250 and poll_interval_ms(10_000) == 1_000
-    assert poll_interval_ms(100) == 100
+    assert poll_interval_ms(1_000) == 25 and poll_interval_ms(10_000) == 250
+    assert poll_interval_ms(100) == 10 and poll_interval_ms(60_000) == 1_000
 
 
 def test_a_refusing_proxy_refuses_while_cut_and_listens_again_when_healed() -> None:

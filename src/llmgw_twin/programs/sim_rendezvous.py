@@ -39,7 +39,10 @@ PROTOCOL = "llmgw-sim/1"
 MAX_LINE_BYTES = 4096
 HELLO_TIMEOUT_S = 5.0
 BACKOFF_FIRST_S = 0.05
-BACKOFF_MAX_S = 1.0
+BACKOFF_MAX_S = 0.2
+"""A worker dials a leader not yet listening at most this long apart: a leader that opens its
+port just after a dial is joined that much later at most (it was up to 1 s, most of a scaled
+load time in real mode)."""
 PEER_LOSS_NOTICE_S = 0.5
 """How long after a peer's connection ends its loss is acted on (see the module's text)."""
 

@@ -28,16 +28,18 @@ from llmgw_twin.core.protocol import AgentEvent, FabricLink, GpuFailed
 from llmgw_twin.core.states import Phase
 from llmgw_twin.service.inventory import Inventory, fabric_links_up, read_inventory
 
-POLL_MS_MIN = 100
+POLL_MS_MIN = 10
 POLL_MS_MAX = 1_000
 ENGINE_PHASES = frozenset({Phase.ENGINE, Phase.RUNNING, Phase.SERVING, Phase.UNRESPONSIVE})
 """Phases in which a shard's engine process runs (as far as the agent has seen)."""
 
 
 def poll_interval_ms(heartbeat_interval_ms: int) -> int:
-    """A quarter of the heartbeat interval, between 100 ms and 1 s: a change is reported well
-    before the next heartbeat, and a node reads a few dozen small files a second at most."""
-    return max(POLL_MS_MIN, min(POLL_MS_MAX, heartbeat_interval_ms // 4))
+    """A fortieth of the heartbeat interval (250 ms at the default 10 s), between 10 ms and 1 s:
+    a change (a link up again, a GPU gone) is reported within a fraction of the controller's
+    reconcile interval, as the twin's agent reports it at once, so every node of a fabric that
+    comes back is heard by the same reconcile; a node reads a few small files each time."""
+    return max(POLL_MS_MIN, min(POLL_MS_MAX, heartbeat_interval_ms // 40))
 
 
 class NodeWatch:
