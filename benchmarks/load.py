@@ -58,6 +58,7 @@ GPUS = 8
 FABRIC_SIZE = 100
 LOST_MARGIN_S = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+NOISE_LIMIT_S = 1800
 HISTOGRAMS = (
     "llmgw_heartbeat_handling_seconds",
     "llmgw_controller_loop_lateness_seconds",
@@ -186,6 +187,9 @@ class Load:
         }
         self.stats = Stats()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.neighbours: list[subprocess.Popen[bytes]] = []
+        self.shed = 0
+        """State views the controller answered 503 (behind) to."""
         self.generator_share = 0.0
         """This process's CPU share in the steady window (the fake agents' side)."""
         self.stop = asyncio.Event()
@@ -227,7 +231,28 @@ class Load:
                 return int(line.split()[1]) / 1024
         return 0.0
 
+    def start_neighbours(self) -> None:
+        """`--noisy N`: N busy processes on the controller's CPU (a noisy neighbour), so that
+        the controller gets about 1/(N+1) of its core and runs past its capacity. Each ends by
+        itself after `NOISE_LIMIT_S`, and `stop_controller` kills them sooner."""
+        code = (
+            f"import time\nend = time.monotonic() + {NOISE_LIMIT_S}\n"
+            "while time.monotonic() < end: pass"
+        )
+        for _ in range(self.args.noisy):
+            self.neighbours.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code],
+                    start_new_session=True,
+                    preexec_fn=lambda: os.sched_setaffinity(0, {0}),  # noqa: PLW1509
+                )
+            )
+
     def stop_controller(self) -> None:
+        for hog in self.neighbours:
+            os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait(timeout=10)
+        self.neighbours.clear()
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -348,6 +373,8 @@ class Load:
             r = await client.get(self.base + "/v1/admin/state", headers=self.headers)
         except httpx.HTTPError:
             return None
+        if r.status_code == 503:
+            self.shed += 1  # the controller is behind: it sheds state views first
         return dict(r.json()) if r.status_code == 200 else None
 
     async def events(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
@@ -430,6 +457,7 @@ class Load:
     async def run(self) -> dict[str, Any]:
         step(f"{self.n} nodes: starting the controller, onboarding every node")
         self.start_controller()
+        self.start_neighbours()
         server = uvicorn.Server(
             uvicorn.Config(
                 self.commands,
@@ -538,6 +566,8 @@ class Load:
             "events": len(events),
             "unplaceable_events": sum(1 for e in events if e["kind"] == "replica.unplaceable"),
             "lag_events": sum(1 for e in events if e["kind"] == "controller.lagged"),
+            "noisy_neighbours": self.args.noisy,
+            "state_views_shed": self.shed,
             "generator_cpu_share": self.generator_share,
             "generator_lateness_ms": quantiles(sorted(self.stats.own_lateness_ms)),
         }
@@ -591,6 +621,13 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=120.0, help="seconds of steady state")
     p.add_argument("--silence", type=float, default=0.01, help="share of nodes silenced")
     p.add_argument("--interval", type=int, default=10, help="heartbeat interval, seconds")
+    p.add_argument(
+        "--noisy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy processes on the controller's CPU: a run past its capacity",
+    )
     p.add_argument(
         "--ready-deadline",
         type=float,
