@@ -101,8 +101,15 @@ async def two_ready_replicas(
         assert r.status_code == 200, r.text
 
     async def ready() -> list[str] | None:
+        # routable in the core's state, and published: the controller's router follows the
+        # event log as each event is published, after its step's commit, so a state that says
+        # routable can be a commit ahead of what a request is routed by
         replicas = (await client.get("/v1/admin/state")).json()["replicas"]
         up = sorted(x["replica"] for x in replicas if x["routable"])
-        return up if len(up) == 2 else None
+        page = (await client.get("/v1/admin/events", params={"after": 0})).json()
+        published = {
+            e["subjects"]["replica"] for e in page["events"] if e["kind"] == "replica.ready"
+        }
+        return up if len(up) == 2 and set(up) <= published else None
 
     return await eventually(ready, 5, "both replicas routable")
