@@ -197,12 +197,12 @@ class RealRun:
 
     async def _on_the_reconcile_grid(self, client: httpx.AsyncClient) -> float:
         """The run's zero: the controller's next reconcile from now, as the twin's zero is one
-        of its reconciles. The reconciles keep their phase (a restarted controller's is the
-        end of its outage: `controller --not-before`), so every fault then falls where it falls
-        in the twin between two reconciles, and so does what a fault sets off: with a random
+        of its reconciles. The reconciles keep their phase (until a `restart_controller`: the
+        new process's phase is its own start's), so every fault then falls where it falls in
+        the twin between two reconciles, and so does what a fault sets off: with a random
         phase a replica failed just before a reconcile was replaced before the other nodes had
-        answered, and where the replacement went differed from the twin. Now, if the
-        controller does not say."""
+        answered, and where the replacement went differed from the twin. Now, when the
+        controller's state or event log cannot be read."""
         now = time.monotonic()
         state = await self._state(client)
         events = await self._events(client, 0)

@@ -63,7 +63,7 @@ from llmgw_twin.service.config import AgentSettings
 from llmgw_twin.service.limits import BodyLimit
 from llmgw_twin.service.node_watch import NodeWatch, engines_on, poll_interval_ms
 from llmgw_twin.service.replies import CONFLICT, ERRORS
-from llmgw_twin.service.serving import MAX_WAIT_S, lifespan_of
+from llmgw_twin.service.serving import lifespan_of, not_before_wait_s
 from llmgw_twin.service.shards import ShardRunner
 from llmgw_twin.service.tls import client_verify
 from llmgw_twin.service.wire import (
@@ -183,8 +183,7 @@ class AgentRuntime:
 
     async def start(self) -> None:
         if self.serve_from_ns is not None:
-            wait_s = (self.serve_from_ns - time.monotonic_ns()) / 1e9
-            await asyncio.sleep(min(max(0.0, wait_s), MAX_WAIT_S))
+            await asyncio.sleep(not_before_wait_s(self.serve_from_ns))
         self._client = httpx.AsyncClient(
             transport=self._controller_transport,
             timeout=REPORT_TIMEOUT_S,

@@ -52,11 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
     )
 
 
+def not_before_wait_s(not_before_ns: int) -> float:
+    """How long to wait from now for `--not-before NS`: none once it passed, at most
+    `MAX_WAIT_S`."""
+    return min(max(0.0, (not_before_ns - time.monotonic_ns()) / 1e9), MAX_WAIT_S)
+
+
 def wait_not_before(args: argparse.Namespace) -> None:
-    """`--not-before`: sleep (at most `MAX_WAIT_S`) until that instant."""
+    """`--not-before`: sleep until that instant (the controller, before it reads anything)."""
     if args.not_before is not None:
-        wait_s = (args.not_before - time.monotonic_ns()) / 1e9
-        time.sleep(min(max(0.0, wait_s), MAX_WAIT_S))
+        time.sleep(not_before_wait_s(args.not_before))
 
 
 def setup_logging(level: str) -> None:
