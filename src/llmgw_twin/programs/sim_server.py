@@ -14,6 +14,10 @@ Invariants:
   goes away without saying `shutdown` exits 1; each `PEER_LOSS_NOTICE_S` after the connection
   ended, as a collective notices a dead peer at its next step (`sim_rendezvous`). Nothing is
   re-joined: a broken replica is replaced, not repaired, as the controller expects.
+- The load time counts from the process's start (`process_age_s`), as a real engine's load
+  includes its own start-up: the interpreter and the web stack's imports are part of it, not
+  added to it, so a shard serves `--load-time-ms` after it was launched however busy the machine
+  is (unless starting alone takes longer).
 - SIGTERM or SIGINT stops a shard cleanly with exit 0; a leader tells its workers `shutdown`
   first, so they exit 0 as well.
 - Every wait is bounded: joins by `--join-timeout-ms` (exit 3), shutdown by uvicorn's graceful
@@ -28,9 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,6 +74,22 @@ class EngineConfig:
     max_tokens_default: int
     join_timeout_ms: int
     log_level: str
+
+
+def process_age_s() -> float:
+    """How long ago this process started (from /proc, to the clock tick); 0 where unreadable."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started_s)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+async def _load(cfg: EngineConfig) -> None:
+    """The simulated load: whatever of `load_time_ms` the process's start-up left."""
+    await asyncio.sleep(max(0.0, cfg.load_time_ms / 1000 - process_age_s()))
 
 
 def _non_negative(text: str) -> int:
@@ -110,7 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST",
         help="leader only: the address its rendezvous port binds (default: --rendezvous's host)",
     )
-    parser.add_argument("--load-time-ms", type=_non_negative, default=0, help="simulated load")
+    parser.add_argument(
+        "--load-time-ms",
+        type=_non_negative,
+        default=0,
+        help="simulated load, counted from the process's start",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="leader only: HTTP address")  # noqa: S104
     parser.add_argument("--port", type=_positive, default=8000, help="leader only: HTTP port")
     parser.add_argument(
@@ -262,7 +289,7 @@ async def _lead(
     tasks: _Tasks,
 ) -> int:
     join_deadline = loop.time() + cfg.join_timeout_ms / 1000
-    tasks.add("load", asyncio.sleep(cfg.load_time_ms / 1000))  # the simulated load itself
+    tasks.add("load", _load(cfg))
     tasks.add("join", rdv.all_joined.wait())
     tasks.add("stop", stop.wait())
     tasks.add("lost", rdv.lost.wait())
@@ -329,7 +356,7 @@ async def run_worker(cfg: EngineConfig) -> int:
     tasks = _Tasks()
     deadline = loop.time() + cfg.join_timeout_ms / 1000
     try:
-        tasks.add("load", asyncio.sleep(cfg.load_time_ms / 1000))  # the simulated load itself
+        tasks.add("load", _load(cfg))
         joining = tasks.add(
             "join",
             join(host, port, rank=cfg.rank, nnodes=cfg.nnodes, model=cfg.served_name,
