@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -200,7 +201,10 @@ def test_a_controller_told_not_before_opens_its_store_and_serves_only_from_then(
     tmp_path: Path,
 ) -> None:
     """`controller --not-before NS`: the program loads, waits for that instant of the host's
-    monotonic clock, then opens its store and serves (a restart without start-up downtime)."""
+    monotonic clock, then listens, opens its store and serves (a restart without start-up
+    downtime). Its port refuses connections while it waits, as a controller that is down does;
+    from the moment its store opens, a connection is accepted and answered once it serves,
+    never refused (an agent answering the restart's report request is heard at once)."""
     (port,) = free_ports(1)
     (tmp_path / "controller.yaml").write_text(CONTROLLER_YAML.format(port=port))
     not_before = time.monotonic_ns() + 3_000_000_000
@@ -220,15 +224,14 @@ def test_a_controller_told_not_before_opens_its_store_and_serves_only_from_then(
             assert proc.poll() is None
             return time.monotonic_ns() if store.exists() else None
 
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert time.monotonic_ns() < not_before, "checked too late to tell anything"
         # the store appears only once the instant has come: a lower bound, not a timing
         assert wait_sync(opened, 60, "the store to be opened") >= not_before
-
-        def up() -> bool | None:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).is_success or None
-            return None
-
-        wait_sync(up, 30, "the controller to answer /health")
+        # one request, no retry: the port listened before the store was opened
+        reply = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30.0)
+        assert reply.status_code == 200
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

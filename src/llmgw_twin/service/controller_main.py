@@ -1,7 +1,8 @@
 """`llmgw-twin controller --config FILE`: run the controller service on uvicorn.
 
-Role: read the config (exit 2 with the file and the key on any mistake), build the runtime and
-its app, and serve until SIGINT or SIGTERM; uvicorn turns either into a graceful shutdown, which
+Role: read the config (exit 2 with the file and the key on any mistake), wait for
+`--not-before`, listen on the port (exit 1 when it is taken), build the runtime and its app, and
+serve until SIGINT or SIGTERM; uvicorn turns either into a graceful shutdown, which
 stops the reconcile loop, lets in-flight commands finish (bounded) and closes the store.
 """
 
@@ -25,14 +26,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     serving.setup_logging(args.log_level)
-    serving.wait_not_before(args)
     try:
         settings = load_controller_config(args.config)
+    except (ConfigError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return serving.EXIT_INVALID
+    serving.wait_not_before(args)
+    # listening before the store opens: an agent that answers the restarted controller's report
+    # request during its start-up waits to be accepted, instead of being refused and heard only
+    # at its next heartbeat, after the first reconcile judged its silence
+    try:
+        sock = serving.listen(settings.host, settings.port)
+    except OSError as e:
+        print(f"error: cannot listen on {settings.host}:{settings.port}: {e}", file=sys.stderr)
+        return serving.EXIT_FAILED
+    try:
         runtime = ControllerRuntime(settings)
-    except (ConfigError, StoreError, OSError, sqlite3.Error) as e:
+    except (StoreError, OSError, sqlite3.Error) as e:
+        sock.close()
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
     # this process holds the fleet: keep full collections short, and time them
     runtime.gc_pauses = GcPauses(pauses=runtime.histograms.gc_pause)
     app = create_controller_app(runtime)
-    return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)
+    return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls, sock)

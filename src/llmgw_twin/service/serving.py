@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -45,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
         type=int,
         metavar="NS",
         help="wait until the host's monotonic clock reads NS (in ns) before serving: the "
-        "controller loads its code, then waits before it reads its config and store; the agent "
-        "also reads its config and the node first, and waits before it registers. A restart "
+        "controller loads its code and reads its config, then waits before it listens and opens "
+        "its store; the agent also reads the node first, and waits before it registers. A restart "
         "whose start-up costs no downtime (real mode restarts processes exactly when its "
         "scenario says with it)",
     )
@@ -89,8 +90,32 @@ def lifespan_of(runtime: Runtime) -> Callable[[FastAPI], AbstractAsyncContextMan
     return lifespan
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str, tls: ServerTls | None = None) -> int:
-    """Serve `app`; over TLS when `tls` is given (mutual TLS when it names a client CA)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host:port` from now (raises OSError when it cannot be bound):
+    a client that connects while the server still starts waits in its backlog until the server
+    accepts, rather than being refused and retrying later."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(
+    app: FastAPI,
+    host: str,
+    port: int,
+    log_level: str,
+    tls: ServerTls | None = None,
+    sock: socket.socket | None = None,
+) -> int:
+    """Serve `app`; over TLS when `tls` is given (mutual TLS when it names a client CA); on
+    `sock` when given (`listen`), else on a socket bound once the app's start-up is done."""
     options = tls.uvicorn_options() if tls is not None else {}
     config = uvicorn.Config(
         app,
@@ -104,5 +129,5 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, tls: ServerTls | N
         **options,
     )
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=None if sock is None else [sock])
     return EXIT_OK if server.started else EXIT_FAILED
