@@ -184,6 +184,7 @@ def cmd_run_real(args: argparse.Namespace) -> int:
 
 def _run_real_files(args: argparse.Namespace) -> int:
     from llmgw_twin.realmode.faults import check_real_supported
+    from llmgw_twin.realmode.ports import PortLeaseError
     from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
     from llmgw_twin.realmode.runner import run_real
     from llmgw_twin.twin.loader import ScenarioError, load_scenario
@@ -216,9 +217,14 @@ def _run_real_files(args: argparse.Namespace) -> int:
         def progress(line: str, name: str = scenario.name) -> None:
             print(f"[{name}] {line}", file=sys.stderr, flush=True)
 
-        result = run_real(
-            scenario, args.time_scale, tolerance_ms, progress=None if args.quiet else progress
-        )
+        try:
+            result = run_real(
+                scenario, args.time_scale, tolerance_ms, progress=None if args.quiet else progress
+            )
+        except PortLeaseError as e:  # other runs hold every port range: this file cannot run
+            print(f"error: {scenario.path}: {e}", file=sys.stderr)
+            worst = max(worst, EXIT_FAILED)
+            continue
         report: dict[str, object] = to_json(result)
         text = timeline(result) if not args.quiet else verdict(result)
         if args.compare:  # the twin's prediction: the scaled file, judged as the twin judges it

@@ -2,13 +2,13 @@
 
 Each node gets its own sysfs-shaped root (its GPUs, its InfiniBand port in its fabric's subnet),
 its own loopback address (127.A.B.N, with A.B drawn from the run's pid: its engines bind there,
-so no two nodes' engines contend for a port, in one run or in two at once), its own port range,
-and a pair of cuttable proxies that carry all of its traffic with the controller, one per
-direction: a partition cuts them. The engines' peer traffic within a fabric goes through
-proxies of its own (`fabric.py`), which a `fabric_down` cuts. Every process is started in a new
-session (its own process group), never through a shell, and `stop_all` ends every group this
-cluster started (and still runs this project's code, stopped ones too: SIGKILL ends a stopped
-process), then checks that none is left.
+so no two nodes' engines contend for a port, in one run or in two at once), its own port range
+(leased for the run: no other run on the machine uses it, `ports.py`), and a pair of cuttable
+proxies that carry all of its traffic with the controller, one per direction: a partition cuts
+them. The engines' peer traffic within a fabric goes through proxies of its own (`fabric.py`),
+which a `fabric_down` cuts. Every process is started in a new session (its own process group),
+never through a shell, and `stop_all` ends every group this cluster started (and still runs this
+project's code, stopped ones too: SIGKILL ends a stopped process), then checks that none is left.
 
 The cluster runs with credentials, as production does: the controller's config lists the hash
 of an admin token the cluster made, and each node is onboarded through the admin API
@@ -33,17 +33,13 @@ import yaml
 
 from llmgw_twin.core.model import NodeId, Timings
 from llmgw_twin.realmode.fabric import RealFabrics
+from llmgw_twin.realmode.ports import lease_ports
 from llmgw_twin.realmode.proxy import CuttableProxy
 from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
 from llmgw_twin.service.fakesysfs import fabric_prefix_for, fail_gpu, write_sysfs_root
 from llmgw_twin.twin.scenario import Scenario
 from llmgw_twin.units import fmt_duration, setting_keys
 
-PORTS_PER_NODE = 100
-ENGINE_PORTS_FROM = 23000
-ENGINE_PORTS_SLOTS = 400
-"""Engine port ranges start at 23000 + 100 * (a slot drawn from this run's pid), so two runs on
-one machine at once do not share ranges (the agents' own ports are free ports)."""
 STARTUP_DEADLINE_S = 30.0
 STOP_GRACE_S = 10.0
 
@@ -110,8 +106,8 @@ class RealCluster:
         """The engines' peer links and InfiniBand ports per fabric (after `prepare_nodes`)."""
         self.hung: set[int] = set()
         """Engine process groups stopped (SIGSTOP) by `hang_engine`: killed at the end."""
-        slot = os.getpid() % (ENGINE_PORTS_SLOTS - len(scenario.nodes))
-        self._engine_ports_from = ENGINE_PORTS_FROM + slot * PORTS_PER_NODE
+        self.ports = lease_ports(len(scenario.nodes))
+        """The agents' port ranges (sidecars, engines), no other run's: `realmode/ports.py`."""
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
 
     # --- configuration -----------------------------------------------------------------------
@@ -169,7 +165,7 @@ class RealCluster:
             await to_controller.start()
             await to_agent.start()
             engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
-            first = self._engine_ports_from + i * PORTS_PER_NODE
+            first, last = self.ports.range_of(i)
             config = {
                 "node": info.node,
                 "controller": f"http://127.0.0.1:{to_controller.port}",
@@ -180,7 +176,7 @@ class RealCluster:
                 "use_nvml": False,
                 "gpu_memory": f"{info.gpu_memory_mib}MiB",
                 "engines": engines,
-                "ports": {"first": first, "last": first + PORTS_PER_NODE - 1},
+                "ports": {"first": first, "last": last},
                 "heartbeat_interval": _duration(self.scenario.timings.heartbeat_interval_ms),
                 "probe_interval": _duration(self.scenario.timings.probe_interval_ms),
                 "engine_host": addresses[info.node],
@@ -414,7 +410,9 @@ class RealCluster:
             await self.fabrics.close()
         for log in self._logs:
             log.close()
-        return _alive_after(sorted(self.started_groups))
+        left = _alive_after(sorted(self.started_groups))
+        self.ports.close()  # only now may another run use these ports
+        return left
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:

@@ -18,6 +18,7 @@ from typing import assert_never
 import httpx
 
 from llmgw_twin.core.model import FabricId, ModelName, NodeId, TraceEvent
+from llmgw_twin.realmode import ports
 from llmgw_twin.realmode.cluster import RealCluster, children_groups
 from llmgw_twin.service.node_watch import poll_interval_ms
 from llmgw_twin.twin.faults import fault_subjects
@@ -334,6 +335,11 @@ REFUSED: dict[type, str] = {}
 
 
 def check_real_supported(scenario: Scenario) -> None:
+    if len(scenario.nodes) > ports.UNITS:
+        raise ValueError(
+            f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
+            f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.nodes)}"
+        )
     for fault in scenario.faults:
         if not isinstance(fault.action, SUPPORTED):
             action = fault_subjects(fault)["action"]
