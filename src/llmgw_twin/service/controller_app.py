@@ -143,6 +143,9 @@ class ControllerRuntime(AdminCalls):
         self._lock = asyncio.Lock()
         self._wake_at: int | None = None
         self._wake = asyncio.Event()
+        self._first_tick_ms = 0
+        """No reconcile before this (`start`): one interval after the start's report requests
+        left, however long its commit took."""
         # the event log: the store's newest `events_kept` events (numbered on from there: a
         # restart repeats no number), then this process's, each committed before it is here;
         # `_events_dropped` is the number of `_events[0]`
@@ -197,7 +200,13 @@ class ControllerRuntime(AdminCalls):
                     self._apply(self._core.handle(ApplyProfile(profile), self.now_ms()))
                 for dep in s.deployments:
                     self._apply(self._core.handle(ApplyDeployment(dep), self.now_ms()))
-            self._apply(self._core.start(self.now_ms()))
+            started = self._apply(self._core.start(self.now_ms()))
+        if started is not None:
+            await started  # durable, and the report requests to every known agent sent
+        # The agents have a whole interval from then to answer before the first reconcile
+        # judges their silence, as the core means them to: a commit slow to reach the disk
+        # (a busy host) must not use it up and have healthy nodes declared lost.
+        self._first_tick_ms = self.now_ms() + s.timings.reconcile_interval_ms
         self._loop_task = asyncio.create_task(self._reconcile_loop())
         self.lag.start()
         if self.gc_pauses is not None:
@@ -221,6 +230,8 @@ class ControllerRuntime(AdminCalls):
         """Tick the core when it asked to be called (`wake_at_ms`), never sooner."""
         while True:
             wake_at = self._wake_at
+            if wake_at is not None:
+                wake_at = max(wake_at, self._first_tick_ms)
             delay_ms = None if wake_at is None else wake_at - self.now_ms()
             if delay_ms is None or delay_ms > 0:
                 self._wake.clear()
