@@ -95,12 +95,13 @@ def test_unwanted_shard_is_stopped_and_its_gpus_go_to_the_next_one_once_it_has_e
     agent.handle(SidecarUp(old.key))
     agent.handle(EngineStarted(old.key, ()))
     cmds = agent.handle(Assigned((new,))).commands
-    (stop,) = acts(cmds)
-    assert stop == StopShard(old.key)  # GPU 1 is still the old engine's
-    assert isinstance(stop, StopShard)
+    stop, sidecar = acts(cmds)
+    assert isinstance(stop, StopShard) and stop == StopShard(old.key, stop.token)
+    assert sidecar == StartSidecar(new)  # a sidecar holds no GPU: it starts during the stop
     assert states(agent) == {("r2", 0): ShardState.PREPARING}
+    assert acts(agent.handle(SidecarUp(new.key)).commands) == ()  # GPU 1 is the old engine's
     done = ShardStopped(old.key, stop.token)
-    assert acts(agent.handle(done).commands) == (StartSidecar(new),)
+    assert acts(agent.handle(done).commands) == (StartEngine(new),)
     assert acts(agent.handle(done).commands) == ()  # a repeat changes nothing
 
 
@@ -117,8 +118,9 @@ def test_a_shard_waits_while_its_gpus_are_held_by_another_wanted_shard() -> None
     agent = AgentCore(INFO)
     a, b = spec("r1", gpus=(0,)), spec("r2", gpus=(0,))
     cmds = agent.handle(Assigned((a, b))).commands
-    assert acts(cmds) == (StartSidecar(a),)
-    agent.handle(SidecarUp(a.key))
+    assert acts(cmds) == (StartSidecar(a), StartSidecar(b))
+    assert acts(agent.handle(SidecarUp(a.key)).commands) == (StartEngine(a),)
+    assert acts(agent.handle(SidecarUp(b.key)).commands) == ()  # GPU 0 is a's engine's
     agent.handle(EngineStarted(a.key, ()))
     cmds = agent.handle(EngineExited(a.key, 1)).commands
     # the leader exited, but its process group may still hold GPU memory: b waits until the
@@ -126,7 +128,7 @@ def test_a_shard_waits_while_its_gpus_are_held_by_another_wanted_shard() -> None
     assert acts(cmds) == ()
     (stop,) = acts(agent.handle(Assigned((b,))).commands)
     assert isinstance(stop, StopShard) and stop.key == a.key
-    assert acts(agent.handle(ShardStopped(a.key, stop.token)).commands) == (StartSidecar(b),)
+    assert acts(agent.handle(ShardStopped(a.key, stop.token)).commands) == (StartEngine(b),)
 
 
 def test_a_late_stopped_notice_frees_nothing_of_a_newer_stop_of_the_same_key() -> None:
@@ -136,15 +138,21 @@ def test_a_late_stopped_notice_frees_nothing_of_a_newer_stop_of_the_same_key() -
     b = spec("r2", gpus=(1,))
     agent.handle(Assigned((a,)))
     agent.handle(SidecarUp(a.key))
-    (first,) = acts(agent.handle(Assigned((a2,))).commands)[:1]  # stop a, start a2 on GPU 1
+    # a stops; a2, of the same key, starts nothing before that stop ended, so that no late
+    # notice of a's processes can be taken for a2's
+    (first,) = acts(agent.handle(Assigned((a2,))).commands)
     assert isinstance(first, StopShard)
-    agent.handle(SidecarUp(a2.key))
-    (second,) = acts(agent.handle(Assigned((b,))).commands)  # stop a2; b waits for GPU 1
+    assert acts(agent.handle(SidecarUp(a2.key)).commands) == ()  # not a2's: it has none yet
+    assert acts(agent.handle(ShardStopped(a.key, first.token)).commands) == (StartSidecar(a2),)
+    assert acts(agent.handle(SidecarUp(a2.key)).commands) == (StartEngine(a2),)
+    second, sidecar = acts(agent.handle(Assigned((b,))).commands)  # stop a2; b's sidecar
     assert isinstance(second, StopShard) and second.token != first.token
-    # the first stop's notice arrives: GPU 0 is free, GPU 1 (a2's) is not, b keeps waiting
+    assert sidecar == StartSidecar(b)
+    assert acts(agent.handle(SidecarUp(b.key)).commands) == ()  # GPU 1 is still a2's
+    # the first stop's notice again: GPU 0 is free, GPU 1 (a2's) is not, b keeps waiting
     assert acts(agent.handle(ShardStopped(a.key, first.token)).commands) == ()
     assert acts(agent.handle(ShardStopped(a.key, 0)).commands) == ()  # a stop nobody asked for
-    assert acts(agent.handle(ShardStopped(a.key, second.token)).commands) == (StartSidecar(b),)
+    assert acts(agent.handle(ShardStopped(a.key, second.token)).commands) == (StartEngine(b),)
 
 
 def test_exit_is_reported_until_the_controller_drops_the_shard() -> None:

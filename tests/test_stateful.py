@@ -1001,7 +1001,7 @@ def test_a_placement_across_fabrics_is_found(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_an_agent_that_forgets_slow_stops_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = AgentCore._start_waiting
+    real = AgentCore._move_on
 
     def ignore_stopping(self: AgentCore, out: list[AgentCommand]) -> None:
         stopping, self._stopping = self._stopping, {}
@@ -1010,7 +1010,7 @@ def test_an_agent_that_forgets_slow_stops_is_found(monkeypatch: pytest.MonkeyPat
         finally:
             self._stopping = stopping
 
-    monkeypatch.setattr(AgentCore, "_start_waiting", ignore_stopping)
+    monkeypatch.setattr(AgentCore, "_move_on", ignore_stopping)
     find_planted("gpu_exclusive: GPU .* held by")
 
 

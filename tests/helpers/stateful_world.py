@@ -172,12 +172,14 @@ class World:
         return done
 
     def held_twice(self) -> list[str]:
-        """GPUs held by two processes at once on one node (a process holds its GPUs from its
-        sidecar's start until its stop completes)."""
+        """GPUs held by two processes at once on one node (a shard holds its GPUs from its
+        engine's launch until its stop completes; a sidecar holds none)."""
         problems: list[str] = []
         for node in self.up_nodes():
             holder: dict[int, Proc] = {}
             for proc in node.procs:
+                if proc.stage is Stage.SIDECAR:
+                    continue
                 for g in proc.spec.gpus:
                     other = holder.get(g)
                     if other is not None:

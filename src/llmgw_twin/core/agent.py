@@ -4,11 +4,14 @@ Pure: it is told what arrived (an assignment, a sidecar or engine state change, 
 timer) and answers with commands for its shell (start a sidecar, start an engine, stop a shard,
 send a report). Its rules:
 
-- a shard's sidecar starts first; its engine starts only once that sidecar is up;
+- a shard's sidecar starts first, as soon as the shard is accepted (a sidecar holds no GPU);
+  its engine starts only once that sidecar is up;
 - a shard the controller no longer wants is stopped, whatever stage it reached;
-- a new shard whose GPUs are still held by a shard being stopped waits until the shell says
-  that shard's processes have ended (`ShardStopped`), so no GPU is ever held by two shards on
-  this node, however long a stop takes;
+- a new shard whose GPUs are still held by a shard being stopped starts its engine only once
+  the shell says that shard's processes have ended (`ShardStopped`), so no GPU is ever held by
+  two engines on this node, however long a stop takes; its sidecar starts meanwhile (unless
+  the stopping shard has its very key), so the replacement costs the stop or the sidecar's
+  start, whichever is longer, not both;
 - a shard is reported from the moment it is accepted (`preparing` until its engine starts), so
   a restarted controller finds every shard it placed, started or not;
 - every change of an engine's state is reported at once, and the whole shard set again with
@@ -73,11 +76,13 @@ class LocalShard:
     endpoint: str | None = None
     exit_code: int | None = None
     reason: str | None = None
+    sidecar_up: bool = False
+    """In `SIDECAR`: its sidecar answers, and its engine waits for its GPUs."""
 
     def holds_gpus(self) -> bool:
-        """Every phase but waiting: an exited shard's processes are stopped only when the
-        controller drops it, and until then its GPUs are not free."""
-        return self.phase is not Phase.WAITING
+        """From the engine's launch on: an exited shard's processes are stopped only when the
+        controller drops it, and until then its GPUs are not free. A sidecar holds none."""
+        return self.phase not in (Phase.WAITING, Phase.SIDECAR)
 
     def move(self, new: Phase) -> None:
         """Change phase along `states.SHARD_PHASE`; an illegal move raises."""
@@ -138,8 +143,8 @@ class AgentCore:
             case SidecarUp(key=key):
                 shard = self._shards.get(key)
                 if shard is not None and shard.phase is Phase.SIDECAR:
-                    shard.move(Phase.LAUNCHING)
-                    out.append(StartEngine(shard.spec))
+                    shard.sidecar_up = True
+                    self._move_on(out)
             case EngineStarted(key=key, argv=argv):
                 changed = self._advance(key, Phase.ENGINE)
                 if changed:
@@ -161,9 +166,7 @@ class AgentCore:
                     # still hold GPU memory until the shard is stopped as a whole
             case ShardStopped(key=key, token=token):
                 if self._stopping.pop((key, token), None) is not None:
-                    before = len(out)
-                    self._start_waiting(out)
-                    changed = len(out) > before  # a waiting shard moved on
+                    self._move_on(out)
             case GpuFailed(gpu=gpu):
                 changed = gpu not in self._failed_gpus
                 self._failed_gpus.add(gpu)
@@ -205,15 +208,28 @@ class AgentCore:
             if key not in self._shards:
                 self._shards[key] = LocalShard(want[key], Phase.WAITING)
                 changed = True
-        self._start_waiting(out)
+        self._move_on(out)
         return changed
 
-    def _start_waiting(self, out: list[AgentCommand]) -> None:
+    def _move_on(self, out: list[AgentCommand]) -> None:
+        """Start every new shard's sidecar, and the engine of every shard whose sidecar is up
+        and whose GPUs no engine holds (nor a shard being stopped): in key order, so of two
+        that want one GPU the first launches and the other waits for it."""
         held = {g for s in self._shards.values() if s.holds_gpus() for g in s.spec.gpus}
         held.update(g for spec in self._stopping.values() for g in spec.gpus)
+        # a shard of the same key still stopping: nothing of the new one starts before its
+        # processes ended, so none of their late notices can be taken for the new shard's
+        reused = {key for key, _token in self._stopping}
         for key in sorted(self._shards):
             shard = self._shards[key]
-            if shard.phase is Phase.WAITING and held.isdisjoint(shard.spec.gpus):
+            if shard.phase is Phase.WAITING and key not in reused:
                 shard.move(Phase.SIDECAR)
-                held.update(shard.spec.gpus)
                 out.append(StartSidecar(shard.spec))
+            elif (
+                shard.phase is Phase.SIDECAR
+                and shard.sidecar_up
+                and held.isdisjoint(shard.spec.gpus)
+            ):
+                shard.move(Phase.LAUNCHING)
+                held.update(shard.spec.gpus)
+                out.append(StartEngine(shard.spec))

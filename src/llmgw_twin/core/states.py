@@ -45,8 +45,8 @@ REPLICA_INITIAL: frozenset[ReplicaState] = frozenset({R.PENDING, R.ADOPTING})
 class Phase(enum.Enum):
     """A shard's phase inside its node agent (finer than the `ShardState` it reports)."""
 
-    WAITING = "waiting"  # wanted, but its GPUs are not free yet
-    SIDECAR = "sidecar"  # sidecar starting
+    WAITING = "waiting"  # accepted; its sidecar waits for a shard of its key to stop
+    SIDECAR = "sidecar"  # sidecar starting, or up and its engine waiting for its GPUs
     LAUNCHING = "launching"  # sidecar up, engine asked for
     ENGINE = "engine"  # engine process started
     RUNNING = "running"  # a worker that joined its leader
