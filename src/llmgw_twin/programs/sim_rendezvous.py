@@ -162,7 +162,12 @@ class LeaderRendezvous:
             await reader.read(1)
         del self.joined[rank]
         writer.close()
-        await asyncio.sleep(PEER_LOSS_NOTICE_S)
+        try:
+            await asyncio.sleep(PEER_LOSS_NOTICE_S)
+        except asyncio.CancelledError:
+            # the leader is exiting: end quietly (asyncio logs a connection handler that ends
+            # cancelled as an error, with its traceback, in every stopped leader's log)
+            return
         if not self._closing and not self.lost.is_set():
             self.lost_rank = rank
             self.lost.set()

@@ -11,8 +11,7 @@ sidecar answers. The sidecar serves, on a loopback port:
 
 Invariants: stdlib only (it starts in well under a second and costs a few MiB); every probe is
 one bounded attempt (`PROBE_TIMEOUT_S`), direct to the address given (no proxy); it serves
-until SIGTERM or SIGINT, then exits within a fraction of a second (the agent stops it with its
-process group).
+until SIGTERM or SIGINT, then exits at once (the agent stops it with its process group).
 """
 
 from __future__ import annotations
@@ -20,10 +19,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import signal
 import socket
 import sys
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any
@@ -110,13 +109,15 @@ def main(args: argparse.Namespace) -> int:
     server.daemon_threads = True
 
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
-        # shutdown() waits for serve_forever, which runs in this very thread: ask from another
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        # nothing to finish or save: a probe in flight is one the agent no longer awaits, and
+        # the kernel closes the sockets. Exiting at once, rather than at serve_forever's next
+        # poll, lets the agent start the next shard on these GPUs that much sooner.
+        os._exit(0)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        server.serve_forever(poll_interval=0.2)
+        server.serve_forever(poll_interval=0.5)
     finally:
         server.server_close()
     return 0
