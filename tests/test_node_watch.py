@@ -104,6 +104,17 @@ def test_a_gpu_whose_pci_function_vanished_is_failed_at_its_start_index(tmp_path
     assert watch.changes(*watch.read()) == [GpuFailed(1)]
 
 
+def test_a_gpu_fallen_off_after_another_vanished_keeps_its_own_index(tmp_path: Path) -> None:
+    # sysfs numbers the three left 0..2, so the last GPU is the third of them: the watch still
+    # names it by its index at start
+    root = node(tmp_path)
+    watch = NodeWatch(root, use_nvml=False)
+    fail_gpu(root, 3)
+    shutil.rmtree(root / "sys/bus/pci/devices/0000:28:00.0")  # GPU 1, hot-removed
+    assert watch.changes(*watch.read()) == [GpuFailed(1), GpuFailed(3)]
+    assert watch.failed == {1, 3}
+
+
 def test_a_node_without_infiniband_reports_no_link_change(tmp_path: Path) -> None:
     write_sysfs_root(tmp_path, gpus=1, fabric_prefix=None)
     watch = NodeWatch(tmp_path, use_nvml=False)

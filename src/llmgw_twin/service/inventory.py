@@ -245,7 +245,7 @@ def _pci_address(text: str | None) -> tuple[tuple[int, ...], str] | None:
     return key, "{:04x}:{:02x}:{:02x}.{:x}".format(*key)
 
 
-def _fell_off_the_bus(d: Path) -> bool:
+def fell_off_the_bus(d: Path) -> bool:
     """The function's config space reads all ones, as a device that stopped answering does
     (without a readable `config`, as in older trees, it is taken as answering)."""
     try:
@@ -276,7 +276,7 @@ def _sysfs_gpus(r: _Reader) -> tuple[list[GpuDevice], list[int]]:
     found.sort()
     gpus, lost = [], []
     for i, (_, pci, name, entry) in enumerate(found):
-        if _fell_off_the_bus(entry):
+        if fell_off_the_bus(entry):
             r.warn(f"GPU {i} ({pci}): its config space reads all ones (fallen off the bus)")
             lost.append(i)
         else:

@@ -26,7 +26,12 @@ from llmgw_twin.core.agent import LocalShard
 from llmgw_twin.core.model import ShardKey
 from llmgw_twin.core.protocol import AgentEvent, FabricLink, GpuFailed
 from llmgw_twin.core.states import Phase
-from llmgw_twin.service.inventory import Inventory, fabric_links_up, read_inventory
+from llmgw_twin.service.inventory import (
+    Inventory,
+    fabric_links_up,
+    fell_off_the_bus,
+    read_inventory,
+)
 
 POLL_MS_MIN = 10
 POLL_MS_MAX = 1_000
@@ -47,6 +52,11 @@ class NodeWatch:
         self._root, self._use_nvml = root, use_nvml
         start = self._inventory()
         self._at_start = {g.pci_address: g.index for g in start.gpus if g.pci_address != "unknown"}
+        self._by_sysfs = start.gpu_source != "nvml"
+        """Read from sysfs: each GPU of the start is looked at by its own PCI function, a file
+        or two, rather than the whole inventory again (49 files for 8 GPUs, several times a
+        heartbeat on every node)."""
+        self._devices = root / "sys/bus/pci/devices"
         self.failed: set[int] = set(start.failed_gpus)
         """Every GPU found failed so far, by index."""
         self.links_up: bool | None = fabric_links_up(root)
@@ -58,6 +68,14 @@ class NodeWatch:
 
     def read(self) -> tuple[set[int], bool | None]:
         """The failed GPUs and the link state now (blocking: file reads, maybe NVML)."""
+        if self._by_sysfs:
+            failed = {
+                i
+                for address, i in self._at_start.items()
+                if not (self._devices / address).is_dir()
+                or fell_off_the_bus(self._devices / address)
+            }
+            return failed, fabric_links_up(self._root)
         inv = self._inventory()
         answering = {g.pci_address for g in inv.gpus}
         gone = {i for address, i in self._at_start.items() if address not in answering}
