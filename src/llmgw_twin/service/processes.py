@@ -238,11 +238,13 @@ def group_alive(pgid: int) -> bool:
 class PortPool:
     """Ports from one inclusive range, each handed out to one user at a time: one that is free
     to bind on every address in `hosts` (a process listening on any of them, or on all
-    interfaces, holds it) and not reserved (a process that will listen there has not yet)."""
+    interfaces, holds it), not reserved (a process that will listen there has not yet), and
+    not in `skip` (ports other processes are told to use, so free now but not for long)."""
 
-    def __init__(self, first: int, last: int, hosts: Sequence[str]) -> None:
+    def __init__(self, first: int, last: int, hosts: Sequence[str], skip: range = range(0)) -> None:
         self.first, self.last = first, last
         self.hosts = tuple(dict.fromkeys(hosts))
+        self._skip = skip
         self._taken: set[int] = set()
 
     def reserve(self, port: int | None) -> None:
@@ -252,7 +254,7 @@ class PortPool:
 
     def take(self) -> int | None:
         for port in range(self.first, self.last + 1):
-            if port not in self._taken and self._bindable(port):
+            if port not in self._taken and port not in self._skip and self._bindable(port):
                 self._taken.add(port)
                 return port
         return None

@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 from llmgw_twin.core.agent import LocalShard
-from llmgw_twin.core.model import ShardKey, ShardSpec
+from llmgw_twin.core.model import RENDEZVOUS_PORT_BASE, ShardKey, ShardSpec
 from llmgw_twin.core.protocol import (
     AgentEvent,
     EngineExited,
@@ -73,9 +73,14 @@ from llmgw_twin.service.processes import (
     stop_group,
 )
 from llmgw_twin.service.runstate import Keeper, ShardProcs
+from llmgw_twin.units import MAX_GPUS_PER_NODE
 
 log = logging.getLogger("llmgw_twin.agent")
 
+ENGINE_PEER_PORTS = range(RENDEZVOUS_PORT_BASE, RENDEZVOUS_PORT_BASE + MAX_GPUS_PER_NODE)
+"""The rendezvous and rank ports the controller gives a node's leaders and ranks (29500 plus
+the first GPU's index, on the engine host): never handed out as a sidecar's or an HTTP port, or
+a leader's HTTP port could take the rendezvous port its own replica binds next."""
 POLL_S = 0.05
 """Sidecar start polling."""
 WATCH_S = 0.1
@@ -124,7 +129,7 @@ class ShardRunner:
         self._ending: list[ShardProcs] = []
         """An earlier agent's shards partly gone, ended by `resume`."""
         hosts = (SIDECAR_HOST, settings.engine_host)
-        self._ports = PortPool(settings.port_first, settings.port_last, hosts)
+        self._ports = PortPool(settings.port_first, settings.port_last, hosts, ENGINE_PEER_PORTS)
         self._client: httpx.AsyncClient | None = None
         path = settings.run_state
         self._keeper = Keeper(path, incarnation) if path is not None else None
