@@ -56,7 +56,9 @@ class NodeWatch:
         """Read from sysfs: each GPU of the start is looked at by its own PCI function, a file
         or two, rather than the whole inventory again (49 files for 8 GPUs, several times a
         heartbeat on every node)."""
-        self._devices = root / "sys/bus/pci/devices"
+        devices = root / "sys/bus/pci/devices"
+        self._functions = [(i, devices / address) for address, i in self._at_start.items()]
+        """Each start GPU's index and its PCI function's sysfs directory."""
         self.failed: set[int] = set(start.failed_gpus)
         """Every GPU found failed so far, by index."""
         self.links_up: bool | None = fabric_links_up(root)
@@ -69,12 +71,7 @@ class NodeWatch:
     def read(self) -> tuple[set[int], bool | None]:
         """The failed GPUs and the link state now (blocking: file reads, maybe NVML)."""
         if self._by_sysfs:
-            failed = {
-                i
-                for address, i in self._at_start.items()
-                if not (self._devices / address).is_dir()
-                or fell_off_the_bus(self._devices / address)
-            }
+            failed = {i for i, d in self._functions if not d.is_dir() or fell_off_the_bus(d)}
             return failed, fabric_links_up(self._root)
         inv = self._inventory()
         answering = {g.pci_address for g in inv.gpus}
