@@ -47,9 +47,7 @@ class PortLease:
         return first, first + PORTS_PER_NODE - 1
 
     def close(self) -> None:
-        for fd in self._fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)  # the lock goes with the descriptor
+        _close(self._fds)
         self._fds = []
 
 
@@ -78,14 +76,20 @@ def lease_ports(nodes: int, lock_dir: Path | None = None) -> PortLease:
 def _lock_units(folder: Path, units: range) -> list[int] | None:
     """Every unit locked (their descriptors), or none of them (None)."""
     fds: list[int] = []
-    for unit in units:
-        fd = os.open(folder / f"{unit}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            for held in fds:
-                os.close(held)
-            return None
-        fds.append(fd)
+    try:
+        for unit in units:
+            fds.append(os.open(folder / f"{unit}.lock", os.O_RDWR | os.O_CREAT, 0o666))
+            fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _close(fds)
+        return None
+    except OSError:  # a lock file that cannot be opened: nothing of this lease stays held
+        _close(fds)
+        raise
     return fds
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the lock goes with the descriptor
