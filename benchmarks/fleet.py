@@ -14,7 +14,7 @@ import argparse
 import time
 
 from bench_progress import step
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     Deployment,
     EngineName,
     FabricId,
@@ -25,8 +25,8 @@ from llmgw_twin.core.model import (
     ProfileName,
     Timings,
 )
-from llmgw_twin.twin.runner import run_scenario
-from llmgw_twin.twin.scenario import Fault, KillNode, Scenario
+from llmgw_twin.twin.scenario.model import Fault, KillNode, Scenario
+from llmgw_twin.twin.world.runner import run_scenario
 
 FABRIC_SIZE = 100
 

@@ -17,8 +17,8 @@ import os
 import time
 
 from bench_progress import step
-from llmgw_twin.twin.fuzz import sweep_sha256
-from llmgw_twin.twin.fuzz_cli import parse_seeds, sweep
+from llmgw_twin.twin.fuzz.cli import parse_seeds, sweep
+from llmgw_twin.twin.fuzz.judge import sweep_sha256
 
 
 def row(label: str, wall: float, seeds: int, digest: str) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from llmgw_twin.core.model import EngineName, FabricId, NodeId, NodeInfo, Profile
-from llmgw_twin.core.placement import Placement, Unplaceable
+from llmgw_twin.control.model import EngineName, FabricId, NodeId, NodeInfo, Profile
+from llmgw_twin.control.placement import Placement, Unplaceable
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ window (and this process's own: the latency it measures includes its own delays)
 falsely declared suspect or lost (not silenced), and how long after its last heartbeat each
 silenced node was declared lost. Beside the agents' latency, where it went: the controller's
 own histograms over the steady window (a heartbeat's handling inside its app, its event loop's
-lateness, its collector's pauses: `service/timings.py`) and this process's own loop lateness,
+lateness, its collector's pauses: `controller/timings.py`) and this process's own loop lateness,
 so that a tail is put on one side of the connection or the other. Every loop is bounded in count
 and time; all traffic is on 127.0.0.1.
 """
@@ -52,7 +52,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench_progress import step
-from llmgw_twin.service.auth import new_token, token_hash
+from llmgw_twin.service.common.auth import new_token, token_hash
 
 GPUS = 8
 FABRIC_SIZE = 100
@@ -64,7 +64,7 @@ HISTOGRAMS = (
     "llmgw_controller_loop_lateness_seconds",
     "llmgw_gc_pause_seconds",
 )
-"""The controller's own histograms (`service/timings.py`), read before and after the steady
+"""The controller's own histograms (`controller/timings.py`), read before and after the steady
 window: they say whether a latency tail is the controller's or this process's."""
 
 

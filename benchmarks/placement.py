@@ -29,8 +29,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from llmgw_twin.core.defrag_plan import Movable, plan_moves
-from llmgw_twin.core.model import (
+from llmgw_twin.control.defrag_plan import Movable, plan_moves
+from llmgw_twin.control.model import (
     EngineName,
     FabricId,
     ModelName,
@@ -40,9 +40,9 @@ from llmgw_twin.core.model import (
     ProfileName,
     ReplicaId,
 )
-from llmgw_twin.core.passes import plan_pass
-from llmgw_twin.core.placement import CapacityIndex, Placement
-from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
+from llmgw_twin.control.passes import plan_pass
+from llmgw_twin.control.placement import CapacityIndex, Placement
+from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

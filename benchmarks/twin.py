@@ -34,8 +34,8 @@ from pathlib import Path
 
 import simpy
 
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.model import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import (
     Deployment,
     ModelName,
     NodeId,
@@ -44,9 +44,9 @@ from llmgw_twin.core.model import (
     ShardState,
     Timings,
 )
-from llmgw_twin.core.protocol import ApplyDeployment, ApplyProfile, Heartbeat, NodeRegistered
-from llmgw_twin.twin.runner import run_scenario
-from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.control.protocol import ApplyDeployment, ApplyProfile, Heartbeat, NodeRegistered
+from llmgw_twin.twin.scenario.model import Scenario
+from llmgw_twin.twin.world.runner import run_scenario
 from llmgw_twin.units import fmt_duration, parse_duration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -144,7 +144,7 @@ from pathlib import Path
 
 import llmgw_twin
 from llmgw_twin.engines.registry import adapter_for, engine_names
-from llmgw_twin.service.policy import flag_list_name, known_flags
+from llmgw_twin.service.agent.policy import flag_list_name, known_flags
 
 here = Path(llmgw_twin.__file__).resolve()
 if not here.is_relative_to(Path(sys.argv[1]).resolve()):

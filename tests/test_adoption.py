@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import FOUR, T, model, node, profile
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.durable import DurableState
-from llmgw_twin.core.model import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.durable import DurableState
+from llmgw_twin.control.model import (
     Deployment,
     NodeId,
     NodeState,
@@ -21,7 +21,7 @@ from llmgw_twin.core.model import (
     ShardSpec,
     ShardState,
 )
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
@@ -30,7 +30,7 @@ from llmgw_twin.core.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.store import Store
+from llmgw_twin.store.sqlite import Store
 
 M = model("llama")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmgw_twin.core.agent import AgentCore
-from llmgw_twin.core.model import (
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.model import (
     EngineName,
     FabricId,
     ModelName,
@@ -14,7 +14,7 @@ from llmgw_twin.core.model import (
     ShardSpec,
     ShardState,
 )
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.protocol import (
     Assigned,
     EngineExited,
     EngineJoined,

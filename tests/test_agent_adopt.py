@@ -28,12 +28,18 @@ from fastapi import FastAPI, Request
 
 from helpers.live import live_server
 from helpers.services import free_ports, free_range, gone, shard, wait_sync
-from llmgw_twin.core.model import NodeId, ShardSpec
-from llmgw_twin.core.protocol import AssignShards
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
-from llmgw_twin.service.processes import group_alive, start_ticks
-from llmgw_twin.service.runstate import ProcRecord, RunState, RunStateFile, ShardRecord, boot_id
-from llmgw_twin.service.wire import AssignShardsW
+from llmgw_twin.control.model import NodeId, ShardSpec
+from llmgw_twin.control.protocol import AssignShards
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.processes import group_alive, start_ticks
+from llmgw_twin.service.agent.runstate import (
+    ProcRecord,
+    RunState,
+    RunStateFile,
+    ShardRecord,
+    boot_id,
+)
+from llmgw_twin.service.common.wire import AssignShardsW
 
 NODE = "node01"
 AGENT_YAML = """\

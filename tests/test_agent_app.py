@@ -22,19 +22,20 @@ import httpx
 import pytest
 
 from helpers.services import eventually, free_range, gone, shard
-from llmgw_twin.core.model import ShardSpec
-from llmgw_twin.core.protocol import AssignShards
-from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
-from llmgw_twin.service.config import AgentSettings, ConfigError, load_agent_config
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
-from llmgw_twin.service.launcher import (
+from llmgw_twin.control.model import ShardSpec
+from llmgw_twin.control.protocol import AssignShards
+from llmgw_twin.service.agent.app import AgentRuntime, create_agent_app
+from llmgw_twin.service.agent.config import AgentSettings, load_agent_config
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.launcher import (
     EXIT_REFUSED,
     SIM_MODULE_ARGV,
     Refusal,
     resolve_argv,
 )
-from llmgw_twin.service.processes import spawn, stop_group
-from llmgw_twin.service.wire import AssignShardsW
+from llmgw_twin.service.agent.processes import spawn, stop_group
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.common.wire import AssignShardsW
 
 Posts = list[tuple[str, dict[str, Any]]]
 

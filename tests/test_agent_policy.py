@@ -1,4 +1,4 @@
-"""The agent as the last line of defence: its launch policy (`service/policy.py`).
+"""The agent as the last line of defence: its launch policy (`service/agent/policy.py`).
 
 The rules on literal specs (`launcher.checked_launch`), then a shard runner that is refused and
 starts nothing (every `spawn` of the runner recorded), the reason on its way to the controller
@@ -23,9 +23,9 @@ import pytest
 
 from conftest import T, node, profile
 from helpers.services import eventually, free_range, shard
-from llmgw_twin.core.agent import AgentCore
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.model import (
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import (
     Deployment,
     ModelName,
     NodeId,
@@ -34,7 +34,7 @@ from llmgw_twin.core.model import (
     ShardSpec,
     ShardState,
 )
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.protocol import (
     AgentEvent,
     ApplyDeployment,
     ApplyProfile,
@@ -44,16 +44,17 @@ from llmgw_twin.core.protocol import (
     NodeRegistered,
 )
 from llmgw_twin.engines.registry import adapter_for, engine_names
-from llmgw_twin.service import processes
-from llmgw_twin.service import shards as shards_module
-from llmgw_twin.service.agent_app import AgentRuntime
-from llmgw_twin.service.config import AgentSettings, ConfigError, load_agent_config
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
-from llmgw_twin.service.launcher import EXIT_REFUSED, Refusal, checked_launch
-from llmgw_twin.service.policy import flag_list_name, known_flags
-from llmgw_twin.service.policy_rules import RULES
-from llmgw_twin.service.shards import ShardRunner
-from llmgw_twin.service.wire import AssignShardsW, HeartbeatW
+from llmgw_twin.service.agent import processes
+from llmgw_twin.service.agent import shards as shards_module
+from llmgw_twin.service.agent.app import AgentRuntime
+from llmgw_twin.service.agent.config import AgentSettings, load_agent_config
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.launcher import EXIT_REFUSED, Refusal, checked_launch
+from llmgw_twin.service.agent.policy import flag_list_name, known_flags
+from llmgw_twin.service.agent.policy_rules import RULES
+from llmgw_twin.service.agent.shards import ShardRunner
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.common.wire import AssignShardsW, HeartbeatW
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS_DIR = ROOT / "src" / "llmgw_twin" / "engines" / "flags"
@@ -328,7 +329,7 @@ def run_until_serving(s: AgentSettings, target: ShardSpec, spawned: list[tuple[s
             await runtime.stop()
 
     asyncio.run(go())
-    assert len(spawned) == 2 and "llmgw_twin.service.sidecar" in spawned[0]
+    assert len(spawned) == 2 and "llmgw_twin.service.agent.sidecar" in spawned[0]
 
 
 def test_an_allowed_sim_launch_with_profile_flags_serves(

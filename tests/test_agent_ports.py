@@ -3,8 +3,8 @@ told to rendezvous on."""
 
 from __future__ import annotations
 
-from llmgw_twin.service.processes import PortPool
-from llmgw_twin.service.shards import ENGINE_PEER_PORTS
+from llmgw_twin.service.agent.processes import PortPool
+from llmgw_twin.service.agent.shards import ENGINE_PEER_PORTS
 
 
 def test_an_agent_never_hands_out_the_ports_its_engines_rendezvous_on() -> None:

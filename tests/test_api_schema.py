@@ -43,12 +43,13 @@ from schemathesis.specs.openapi.checks import (
 
 from helpers.live import live_server
 from helpers.services import FAST, free_range
-from llmgw_twin.core.model import Deployment, EngineName, ModelName, Profile, ProfileName
-from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
-from llmgw_twin.service.config import ControllerSettings, load_agent_config
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.control.model import Deployment, EngineName, ModelName, Profile, ProfileName
+from llmgw_twin.service.agent.app import AgentRuntime, create_agent_app
+from llmgw_twin.service.agent.config import load_agent_config
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerSettings
+from llmgw_twin.service.controller.routes import create_controller_app
 
 CASES = 20
 """Cases per operation and generation mode."""

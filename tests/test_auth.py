@@ -19,14 +19,15 @@ import httpx
 import pytest
 
 from helpers.services import FAST, eventually, node_info
-from llmgw_twin.core.model import ShardReport, ShardSpec, ShardState
-from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
-from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
-from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
-from llmgw_twin.service.config import ControllerAuth, ControllerSettings, load_agent_config
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.wire import HeartbeatW, NodeRegisteredW, ShardSpecW
+from llmgw_twin.control.model import ShardReport, ShardSpec, ShardState
+from llmgw_twin.control.protocol import Heartbeat, NodeRegistered
+from llmgw_twin.service.agent.app import AgentRuntime, create_agent_app
+from llmgw_twin.service.agent.config import load_agent_config
+from llmgw_twin.service.common.auth import CredentialFile, new_token, token_hash
+from llmgw_twin.service.common.wire import HeartbeatW, NodeRegisteredW, ShardSpecW
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerAuth, ControllerSettings
+from llmgw_twin.service.controller.routes import create_controller_app
 
 PROFILE = {"engine": "sim", "nodes": 1, "gpus_per_node": 2, "model": "/models/tiny"}
 
@@ -434,7 +435,8 @@ HASH = token_hash("lgw_example")
 def test_a_controller_config_that_would_open_the_fleet_is_refused(
     tmp_path: Path, extra: str, message: str
 ) -> None:
-    from llmgw_twin.service.config import ConfigError, load_controller_config
+    from llmgw_twin.service.common.config import ConfigError
+    from llmgw_twin.service.controller.config import load_controller_config
 
     (tmp_path / "c.yaml").write_text("store: c.db\n" + extra)
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -444,7 +446,7 @@ def test_a_controller_config_that_would_open_the_fleet_is_refused(
 def test_a_controller_config_on_another_address_with_auth_and_tls_or_explicit_plaintext(
     tmp_path: Path,
 ) -> None:
-    from llmgw_twin.service.config import load_controller_config
+    from llmgw_twin.service.controller.config import load_controller_config
 
     auth = f"auth: {{admin_tokens: ['{HASH}']}}\n"
     (tmp_path / "c.yaml").write_text(
@@ -461,7 +463,7 @@ def test_a_controller_config_on_another_address_with_auth_and_tls_or_explicit_pl
 
 
 def test_an_agent_on_another_address_needs_a_credential(tmp_path: Path) -> None:
-    from llmgw_twin.service.config import ConfigError
+    from llmgw_twin.service.common.config import ConfigError
 
     base = "node: n1\ncontroller: http://c\nroot: /\nfabric: ib-a\nports: {first: 1, last: 2}\n"
     (tmp_path / "a.yaml").write_text(base + "listen: {host: 0.0.0.0, port: 8100}\n")

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw_twin import codec
-from llmgw_twin.core import protocol as p
-from llmgw_twin.core.durable import ReplicaRow
-from llmgw_twin.core.model import (
+from llmgw_twin.control import protocol as p
+from llmgw_twin.control.durable import ReplicaRow
+from llmgw_twin.control.model import (
     Deployment,
     EngineName,
     FabricId,
@@ -28,7 +28,7 @@ from llmgw_twin.core.model import (
     ShardState,
     TraceEvent,
 )
-from llmgw_twin.service import wire
+from llmgw_twin.service.common import wire
 
 # The codec has no constraints of its own (those are the wire's): any text, any integer.
 texts = st.text(max_size=12)

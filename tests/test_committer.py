@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 
 from helpers.services import FAST, node_info
-from llmgw_twin.core.protocol import NodeRegistered
-from llmgw_twin.service.config import ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.wire import NodeRegisteredW
+from llmgw_twin.control.protocol import NodeRegistered
+from llmgw_twin.service.common.wire import NodeRegisteredW
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerSettings
+from llmgw_twin.service.controller.routes import create_controller_app
 
 
 def test_a_registration_storm_is_few_transactions_each_reply_after_its_commit(

@@ -37,13 +37,13 @@ def test_a_planted_violation_is_caught(tmp_path: Path) -> None:
     core = tmp_path / "src" / "llmgw_twin" / "core" / "health.py"
     core.write_text(core.read_text() + "\nimport time  # noqa\n")
     twin = tmp_path / "src" / "llmgw_twin" / "twin" / "network.py"
-    twin.write_text(twin.read_text() + "\nimport llmgw_twin.service.wire  # noqa\n")
+    twin.write_text(twin.read_text() + "\nimport llmgw_twin.service.common.wire  # noqa\n")
     (tmp_path / "src" / "llmgw_twin" / "extra").mkdir()
     (tmp_path / "src" / "llmgw_twin" / "extra" / "__init__.py").write_text("")
     result = _lint(tmp_path, tmp_path / "src")
     assert result.returncode != 0
     out = result.stdout
     assert "core does no I/O" in out and "BROKEN" in out
-    assert "llmgw_twin.core.health -> time" in out
-    assert "llmgw_twin.twin.network -> llmgw_twin.service.wire" in out
+    assert "llmgw_twin.control.health -> time" in out
+    assert "llmgw_twin.twin.world.network -> llmgw_twin.service.common.wire" in out
     assert "llmgw_twin.extra" in out  # exhaustive: an unplaced package is an error

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from conftest import FOUR, T, model, node, profile
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.model import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import (
     Deployment,
     NodeId,
     NodeState,
@@ -14,7 +14,7 @@ from llmgw_twin.core.model import (
     ShardSpec,
     ShardState,
 )
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
@@ -215,7 +215,7 @@ def test_scale_up_and_down_keeps_the_fabric_spread() -> None:
 
 
 def test_reaped_replicas_are_forgotten_beyond_a_bound() -> None:
-    from llmgw_twin.core.replicas import REAPED_KEPT
+    from llmgw_twin.control.replicas import REAPED_KEPT
 
     ctl = cluster(*FOUR, replicas=1, nodes_per=1)
     for i in range(2 * (REAPED_KEPT + 5)):  # scale 0 -> 1 -> 0 ...: a reap every other round

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from conftest import T, model, node, profile
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.durable import DurableState
-from llmgw_twin.core.model import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.durable import DurableState
+from llmgw_twin.control.model import (
     Deployment,
     FabricId,
     NodeId,
@@ -18,7 +18,13 @@ from llmgw_twin.core.model import (
     ShardReport,
     ShardState,
 )
-from llmgw_twin.core.protocol import ApplyDeployment, ApplyProfile, Heartbeat, NodeRegistered, Step
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ApplyProfile,
+    Heartbeat,
+    NodeRegistered,
+    Step,
+)
 
 M = model("m")
 

@@ -19,13 +19,13 @@ from helpers.controller import PROFILE, registration
 from helpers.live import live_server
 from helpers.services import free_ports, wait_sync
 from llmgw_twin.cli import main
-from llmgw_twin.core.model import NodeId, ShardReport, ShardState, Timings
-from llmgw_twin.core.protocol import Heartbeat
-from llmgw_twin.service.auth import new_token, token_hash
-from llmgw_twin.service.config import ControllerAuth, ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.wire import HeartbeatW, ShardSpecW
+from llmgw_twin.control.model import NodeId, ShardReport, ShardState, Timings
+from llmgw_twin.control.protocol import Heartbeat
+from llmgw_twin.service.common.auth import new_token, token_hash
+from llmgw_twin.service.common.wire import HeartbeatW, ShardSpecW
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerAuth, ControllerSettings
+from llmgw_twin.service.controller.routes import create_controller_app
 
 # nothing goes suspect while the test reads the state twice: heard once, silent for a minute
 STEADY = Timings(

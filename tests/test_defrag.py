@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from conftest import T, model, node, profile
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.defrag_plan import Movable, plan_moves
-from llmgw_twin.core.model import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.defrag_plan import Movable, plan_moves
+from llmgw_twin.control.model import (
     Deployment,
     FabricId,
     ModelName,
@@ -23,8 +23,14 @@ from llmgw_twin.core.model import (
     Timings,
     TraceEvent,
 )
-from llmgw_twin.core.placement import CapacityIndex
-from llmgw_twin.core.protocol import ApplyDeployment, ApplyProfile, Heartbeat, NodeRegistered, Step
+from llmgw_twin.control.placement import CapacityIndex
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ApplyProfile,
+    Heartbeat,
+    NodeRegistered,
+    Step,
+)
 
 CHAT, BIG = model("chat"), model("big")
 

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from helpers.services import eventually
-from llmgw_twin.core.model import NodeId
-from llmgw_twin.core.protocol import AssignShards, RequestReport
-from llmgw_twin.service import delivery
-from llmgw_twin.service.delivery import Delivery
+from llmgw_twin.control.model import NodeId
+from llmgw_twin.control.protocol import AssignShards, RequestReport
+from llmgw_twin.service.controller import delivery
+from llmgw_twin.service.controller.delivery import Delivery
 
 
 class Agents:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from llmgw_twin.core.model import CONTROL_EVENT_KINDS
-from llmgw_twin.twin.loader import TIMING_KEYS
+from llmgw_twin.control.model import CONTROL_EVENT_KINDS
+from llmgw_twin.twin.scenario.loader import TIMING_KEYS
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "scenarios.md").read_text(encoding="utf-8")
 

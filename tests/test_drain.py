@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import T, model, node, profile
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.durable import DurableState
-from llmgw_twin.core.explain import explain, never_fits
-from llmgw_twin.core.model import Deployment, NodeId, ProfileName, ReplicaId, ReplicaState
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.durable import DurableState
+from llmgw_twin.control.explain import explain, never_fits
+from llmgw_twin.control.model import Deployment, NodeId, ProfileName, ReplicaId, ReplicaState
+from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
     CordonNode,
@@ -22,7 +22,7 @@ from llmgw_twin.core.protocol import (
     RemoveDeployment,
     Step,
 )
-from llmgw_twin.store import Store
+from llmgw_twin.store.sqlite import Store
 from test_defrag import heartbeat_all, kinds
 
 CHAT = model("chat")

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     ENGINES,
     EngineName,
     ModelName,
@@ -242,9 +242,9 @@ def test_program_flags() -> None:
 def test_llamacpp_workers_sharing_a_node_get_distinct_rpc_ports() -> None:
     """Two replicas whose leaders both start at GPU 0 (on different nodes) share a worker node:
     each worker's RPC port comes from its own GPUs, so they differ there."""
-    from llmgw_twin.core.controller import Controller
-    from llmgw_twin.core.model import Deployment, FabricId, ModelName, NodeInfo, Profile, Timings
-    from llmgw_twin.core.protocol import ApplyDeployment, ApplyProfile, NodeRegistered
+    from llmgw_twin.control.controller import Controller
+    from llmgw_twin.control.model import Deployment, FabricId, ModelName, NodeInfo, Profile, Timings
+    from llmgw_twin.control.protocol import ApplyDeployment, ApplyProfile, NodeRegistered
 
     ctl = Controller(Timings())
     prof = Profile(ProfileName("p"), EngineName("llamacpp"), 2, 4, "/m.gguf")

@@ -16,10 +16,11 @@ from fastapi import FastAPI
 from helpers.controller import PROFILE, controller, registration
 from helpers.live import live_server
 from helpers.services import wait_sync
-from llmgw_twin.service.config import ConfigError, ControllerSettings, load_controller_config
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.store import EVENTS_KEPT
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerSettings, load_controller_config
+from llmgw_twin.service.controller.routes import create_controller_app
+from llmgw_twin.store.sqlite import EVENTS_KEPT
 from test_ctl_status import STEADY  # no node goes suspect: every event is one the test made
 
 KEPT = 6

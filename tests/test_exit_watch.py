@@ -8,7 +8,7 @@ import asyncio
 import subprocess
 import sys
 
-from llmgw_twin.service.processes import Adopted, ExitWatch, peek_exit
+from llmgw_twin.service.agent.processes import Adopted, ExitWatch, peek_exit
 
 LONG_S = 600.0
 """A wait far longer than the test is allowed: if it returns, the exit woke it."""

@@ -1,4 +1,4 @@
-"""The heartbeat's short way (`service/fastpath.py`) answers exactly as the FastAPI route does:
+"""The heartbeat's short way (`controller/fastpath.py`) answers exactly as the FastAPI route does:
 two controllers with credentials get the same requests, one with the short way and one with it
 stepped over, and every answer (status, body, headers) is the same; the short way answered the
 good heartbeats itself and left every other request to FastAPI."""
@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from helpers.services import eventually
-from llmgw_twin.core.model import ReplicaId, ShardReport, ShardState
-from llmgw_twin.service.fastpath import HeartbeatFastPath
+from llmgw_twin.control.model import ReplicaId, ShardReport, ShardState
+from llmgw_twin.service.controller.fastpath import HeartbeatFastPath
 from test_auth import Fleet, fleet, heartbeat
 
 PATH = "/v1/agents/heartbeat"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import T, model, node, profile
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.durable import DurableState
-from llmgw_twin.core.failures import FailureBook
-from llmgw_twin.core.model import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.durable import DurableState
+from llmgw_twin.control.failures import FailureBook
+from llmgw_twin.control.model import (
     Deployment,
     NodeId,
     NodeState,
@@ -19,7 +19,7 @@ from llmgw_twin.core.model import (
     ShardReport,
     ShardState,
 )
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
     ClearFailedGpu,
@@ -28,7 +28,7 @@ from llmgw_twin.core.protocol import (
     NodeRegistered,
     Step,
 )
-from llmgw_twin.core.routing import Router
+from llmgw_twin.control.routing import Router
 
 M = model("m")
 

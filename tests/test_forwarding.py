@@ -1,4 +1,4 @@
-"""Forwarding (`service/forwarding.py`) through the router service, against real sim-engine
+"""Forwarding (`service/router/forwarding.py`) through the router service, against real sim-engine
 processes on loopback: streams relayed as they are made, a replica killed (its requests retried
 on the other), hung (ejected after the configured failures) or killed mid-stream (the stream
 ends with an error event), and the answers when nothing can be picked.
@@ -32,8 +32,8 @@ from helpers.router import (
     static_feed,
 )
 from helpers.services import eventually, free_ports
-from llmgw_twin.core.routing import Ejection, RouterTimeouts
-from llmgw_twin.service.forwarding import REPLICA_HEADER, RETRIED_HEADER
+from llmgw_twin.control.routing import Ejection, RouterTimeouts
+from llmgw_twin.service.router.forwarding import REPLICA_HEADER, RETRIED_HEADER
 
 
 def client(base: str) -> httpx.AsyncClient:

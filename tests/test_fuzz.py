@@ -21,21 +21,13 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin.cli import main
-from llmgw_twin.core.assignments import Assignments
-from llmgw_twin.core.model import Profile, ShardSpec, ShardState
-from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
-from llmgw_twin.core.replicas import ReplicaRecord
-from llmgw_twin.core.room import Shape
-from llmgw_twin.twin.fuzz import (
-    LIVENESS,
-    Coverage,
-    find_first,
-    judge_plan,
-    judge_result,
-    sweep_sha256,
-)
-from llmgw_twin.twin.fuzz_cli import parse_seeds, sweep
-from llmgw_twin.twin.fuzz_gen import (
+from llmgw_twin.control.assignments import Assignments
+from llmgw_twin.control.model import Profile, ShardSpec, ShardState
+from llmgw_twin.control.placement import CapacityIndex, Placement, Unplaceable
+from llmgw_twin.control.replicas import ReplicaRecord
+from llmgw_twin.control.room import Shape
+from llmgw_twin.twin.fuzz.cli import parse_seeds, sweep
+from llmgw_twin.twin.fuzz.gen import (
     FAULT_KINDS,
     Plan,
     PlanDeployment,
@@ -48,10 +40,18 @@ from llmgw_twin.twin.fuzz_gen import (
     heal_faults,
     scenario_text,
 )
-from llmgw_twin.twin.fuzz_shrink import size_of
-from llmgw_twin.twin.loader import load_scenario, load_scenario_text
-from llmgw_twin.twin.runner import run_scenario
-from llmgw_twin.twin.scenario import StateExpectation
+from llmgw_twin.twin.fuzz.judge import (
+    LIVENESS,
+    Coverage,
+    find_first,
+    judge_plan,
+    judge_result,
+    sweep_sha256,
+)
+from llmgw_twin.twin.fuzz.shrink import size_of
+from llmgw_twin.twin.scenario.loader import load_scenario, load_scenario_text
+from llmgw_twin.twin.scenario.model import StateExpectation
+from llmgw_twin.twin.world.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 REGRESSIONS = sorted((ROOT / "scenarios" / "regressions").glob("*.yaml"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from llmgw_twin.service.gcpauses import GcPauses
-from llmgw_twin.service.timings import Buckets
+from llmgw_twin.service.controller.gcpauses import GcPauses
+from llmgw_twin.service.controller.timings import Buckets
 
 
 class Cycle:

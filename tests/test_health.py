@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmgw_twin.core.health import HealthChange, HealthTracker
-from llmgw_twin.core.model import NodeId, NodeState, Timings
+from llmgw_twin.control.health import HealthChange, HealthTracker
+from llmgw_twin.control.model import NodeId, NodeState, Timings
 
 T = Timings(heartbeat_interval_ms=10_000, node_suspect_after_ms=30_000, node_lost_after_ms=60_000)
 A, B = NodeId("a"), NodeId("b")

@@ -16,11 +16,11 @@ from playwright.sync_api import ConsoleMessage, Locator, Page, Request
 
 from helpers.browser import page as browser_page
 from llmgw_twin.cli import main
-from llmgw_twin.core.model import NodeId
-from llmgw_twin.twin.html_report import render_html, window
-from llmgw_twin.twin.loader import load_scenario
-from llmgw_twin.twin.runner import run_scenario
-from llmgw_twin.twin.scenario import Fault, KillNode, Scenario
+from llmgw_twin.control.model import NodeId
+from llmgw_twin.twin.report.html import render_html, window
+from llmgw_twin.twin.scenario.loader import load_scenario
+from llmgw_twin.twin.scenario.model import Fault, KillNode, Scenario
+from llmgw_twin.twin.world.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"

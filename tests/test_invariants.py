@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from llmgw_twin.core.agent import AgentCore
-from llmgw_twin.core.lifecycle import Lifecycle
-from llmgw_twin.core.model import NodeId, Profile, TraceEvent
-from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
-from llmgw_twin.core.routing import Router
-from llmgw_twin.twin.loader import load_scenario, load_scenario_text
-from llmgw_twin.twin.runner import RunResult, run_scenario
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.lifecycle import Lifecycle
+from llmgw_twin.control.model import NodeId, Profile, TraceEvent
+from llmgw_twin.control.placement import CapacityIndex, Placement, Unplaceable
+from llmgw_twin.control.routing import Router
+from llmgw_twin.twin.scenario.loader import load_scenario, load_scenario_text
+from llmgw_twin.twin.world.runner import RunResult, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_LOSS = ROOT / "scenarios" / "node-loss.yaml"

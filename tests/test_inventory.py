@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from llmgw_twin.core.model import EngineName, FabricId, NodeId, NodeInfo
-from llmgw_twin.service import inventory
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
-from llmgw_twin.service.inventory import (
+from llmgw_twin.control.model import EngineName, FabricId, NodeId, NodeInfo
+from llmgw_twin.service.agent import inventory
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.inventory import (
     GpuDevice,
     IbPort,
     Inventory,

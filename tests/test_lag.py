@@ -12,13 +12,13 @@ import httpx
 import pytest
 
 from helpers.services import eventually, node_info
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.model import NodeId, Timings
-from llmgw_twin.core.protocol import ControllerLagged, Heartbeat, NodeRegistered
-from llmgw_twin.service import lag
-from llmgw_twin.service.config import ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import NodeId, Timings
+from llmgw_twin.control.protocol import ControllerLagged, Heartbeat, NodeRegistered
+from llmgw_twin.service.controller import lag
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerSettings
+from llmgw_twin.service.controller.routes import create_controller_app
 
 T = Timings(node_suspect_after_ms=30_000, node_lost_after_ms=60_000)
 

@@ -22,14 +22,14 @@ from fastapi import FastAPI
 from helpers.controller import CHAT_MODEL, Sent, controller, runtime_of, two_ready_replicas
 from helpers.live import live_server
 from helpers.services import eventually, free_range
-from llmgw_twin.core.model import ReplicaId
-from llmgw_twin.service.agent_app import AgentRuntime, create_agent_app
-from llmgw_twin.service.config import load_agent_config
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
-from llmgw_twin.service.forwarding import RETRIED_HEADER
-from llmgw_twin.service.limits import CONTROL_BODY_LIMIT, INFERENCE_BODY_LIMIT, BodyLimit
+from llmgw_twin.control.model import ReplicaId
+from llmgw_twin.service.agent.app import AgentRuntime, create_agent_app
+from llmgw_twin.service.agent.config import load_agent_config
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.common.limits import CONTROL_BODY_LIMIT, INFERENCE_BODY_LIMIT, BodyLimit
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.routes import create_controller_app
+from llmgw_twin.service.router.forwarding import RETRIED_HEADER
 
 CHUNK = 64 * 1024
 
@@ -332,7 +332,8 @@ def test_a_replica_failing_mid_answer_gives_its_slot_back(tmp_path: Path) -> Non
 def test_the_controller_config_sets_its_limits_and_the_runtime_keeps_to_them(
     tmp_path: Path,
 ) -> None:
-    from llmgw_twin.service.config import ConfigError, ControllerLimits, load_controller_config
+    from llmgw_twin.service.common.config import ConfigError
+    from llmgw_twin.service.controller.config import ControllerLimits, load_controller_config
 
     (tmp_path / "c.yaml").write_text(
         "listen: {port: 8080}\nstore: c.db\n"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     Deployment,
     EngineName,
     FabricId,
@@ -21,8 +21,8 @@ from llmgw_twin.core.model import (
     ProfileName,
     Timings,
 )
-from llmgw_twin.twin.loader import ScenarioError, load_scenario, load_scenario_text
-from llmgw_twin.twin.scenario import (
+from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
+from llmgw_twin.twin.scenario.model import (
     EventExpectation,
     FabricDown,
     FailGpu,

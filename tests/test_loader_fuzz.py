@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from llmgw_twin import cli
-from llmgw_twin.core.model import Timings
-from llmgw_twin.twin import loader_limits as lim
-from llmgw_twin.twin.loader import TIMING_KEYS, TOP_KEYS, ScenarioError, load_scenario_text
-from llmgw_twin.twin.loader_expect import EVENT_KEYS, STATE_KEYS
-from llmgw_twin.twin.loader_fleet import DEPLOYMENT_KEYS, NODE_KEYS, PROFILE_KEYS
-from llmgw_twin.twin.scenario import (
+from llmgw_twin.control.model import Timings
+from llmgw_twin.twin.scenario import limits as lim
+from llmgw_twin.twin.scenario.expect import EVENT_KEYS, STATE_KEYS
+from llmgw_twin.twin.scenario.fleet import DEPLOYMENT_KEYS, NODE_KEYS, PROFILE_KEYS
+from llmgw_twin.twin.scenario.loader import TIMING_KEYS, TOP_KEYS, ScenarioError, load_scenario_text
+from llmgw_twin.twin.scenario.model import (
     EVENT_KINDS,
     EVENT_SUBJECTS,
     FAULT_KEYS,
@@ -40,7 +40,7 @@ from llmgw_twin.twin.scenario import (
     Scenario,
     SetReplicas,
 )
-from llmgw_twin.twin.yamlnodes import NAME_RE
+from llmgw_twin.twin.scenario.yamlnodes import NAME_RE
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = sorted([*ROOT.glob("scenarios/*.yaml"), *ROOT.glob("scenarios/regressions/*.yaml")])

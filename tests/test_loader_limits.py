@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin import cli
-from llmgw_twin.twin import loader_limits as lim
-from llmgw_twin.twin.loader import ScenarioError, load_scenario, load_scenario_text
+from llmgw_twin.twin.scenario import limits as lim
+from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted([*ROOT.glob("scenarios/*.yaml"), *ROOT.glob("scenarios/regressions/*.yaml")])
@@ -421,7 +421,7 @@ def test_the_limits_table_in_the_docs_matches_the_code() -> None:
 
 
 def test_parsing_stops_at_the_first_value_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmgw_twin.twin import yamlnodes
+    from llmgw_twin.twin.scenario import yamlnodes
 
     monkeypatch.setattr(yamlnodes, "MAX_YAML_NODES", 1000)
     text = "x: [\n" + "a,\n" * 5000 + "]\n"  # the mapping, its key, the list, then one a a line

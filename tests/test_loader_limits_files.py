@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin import cli
-from llmgw_twin.twin.loader import ScenarioError, load_scenario, load_scenario_text
-from llmgw_twin.twin.runner import run_scenario
-from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
+from llmgw_twin.twin.scenario.model import Scenario
+from llmgw_twin.twin.world.runner import run_scenario
 from test_loader_limits import BASE, NODE_LOSS, ROOT, SCENARIOS
 
 # --- BOM, CRLF and CR ------------------------------------------------------------------------
@@ -108,7 +108,8 @@ def test_a_bad_file_between_good_ones_stops_nothing(
 def test_an_unexpected_exception_is_one_line_for_that_file_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmgw_twin.twin import loader, runner
+    from llmgw_twin.twin.scenario import loader
+    from llmgw_twin.twin.world import runner
 
     real_load, real_run = loader.load_scenario, runner.run_scenario
     poisoned = tmp_path / "poisoned.yaml"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_twin.twin import loader_limits as lim
-from llmgw_twin.twin.loader import load_scenario_text
+from llmgw_twin.twin.scenario import limits as lim
+from llmgw_twin.twin.scenario.loader import load_scenario_text
 from test_loader_limits import BASE, Needle, check_cli, check_refused, fleet_of, many
 from test_loader_limits import with_deployments as deployments
 

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from llmgw_twin.cli import main
-from llmgw_twin.core.model import Timings
-from llmgw_twin.service.config import TIMING_KEYS as CONFIG_KEYS
-from llmgw_twin.service.config import ConfigError, load_controller_config
-from llmgw_twin.twin.loader import TIMING_KEYS, ScenarioError, load_scenario_text
-from llmgw_twin.twin.timescale import scale_scenario
+from llmgw_twin.control.model import Timings
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.controller.config import TIMING_KEYS as CONFIG_KEYS
+from llmgw_twin.service.controller.config import load_controller_config
+from llmgw_twin.twin.scenario.loader import TIMING_KEYS, ScenarioError, load_scenario_text
+from llmgw_twin.twin.scenario.timescale import scale_scenario
 from llmgw_twin.units import SettingKey, fmt_duration, parse_share, setting_keys
 
 HEAD = """\

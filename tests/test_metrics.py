@@ -33,8 +33,8 @@ from helpers.live import live_server
 from helpers.router import settings as router_settings
 from helpers.router import sim_engine
 from helpers.services import FAST, node_info, wait_sync
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.model import (
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import (
     Deployment,
     EngineName,
     FabricId,
@@ -47,22 +47,22 @@ from llmgw_twin.core.model import (
     ShardSpec,
     ShardState,
 )
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
     Heartbeat,
     NodeRegistered,
 )
-from llmgw_twin.service.auth import new_token, token_hash
-from llmgw_twin.service.config import ControllerAuth, ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.metrics import reason_class
-from llmgw_twin.service.router_app import RouterRuntime, create_router_app
-from llmgw_twin.service.wire import HeartbeatW, ShardSpecW
-from llmgw_twin.twin.loader import load_scenario
-from llmgw_twin.twin.runner import run_scenario
+from llmgw_twin.service.common.auth import new_token, token_hash
+from llmgw_twin.service.common.wire import HeartbeatW, ShardSpecW
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerAuth, ControllerSettings
+from llmgw_twin.service.controller.metrics import reason_class
+from llmgw_twin.service.controller.routes import create_controller_app
+from llmgw_twin.service.router.app import RouterRuntime, create_router_app
+from llmgw_twin.twin.scenario.loader import load_scenario
+from llmgw_twin.twin.world.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"

@@ -16,23 +16,23 @@ from pathlib import Path
 import pytest
 
 from helpers.services import shard
-from llmgw_twin.core.agent import LocalShard
-from llmgw_twin.core.model import FabricId, NodeId
-from llmgw_twin.core.protocol import FabricLink, GpuFailed
-from llmgw_twin.core.states import Phase
+from llmgw_twin.control.agent import LocalShard
+from llmgw_twin.control.model import FabricId, NodeId
+from llmgw_twin.control.protocol import FabricLink, GpuFailed
+from llmgw_twin.control.states import Phase
 from llmgw_twin.realmode.cluster import node_address
 from llmgw_twin.realmode.fabric import RealFabrics, fabric_address
 from llmgw_twin.realmode.proxy import CuttableProxy
-from llmgw_twin.service import inventory
-from llmgw_twin.service.fakesysfs import (
+from llmgw_twin.service.agent import inventory
+from llmgw_twin.service.agent.fakesysfs import (
     fabric_prefix_for,
     fail_gpu,
     set_port_state,
     write_sysfs_root,
 )
-from llmgw_twin.service.inventory import fabric_links_up, read_inventory, to_node_info
-from llmgw_twin.service.node_watch import NodeWatch, engines_on, poll_interval_ms
-from llmgw_twin.twin.loader import load_scenario_text
+from llmgw_twin.service.agent.inventory import fabric_links_up, read_inventory, to_node_info
+from llmgw_twin.service.agent.node_watch import NodeWatch, engines_on, poll_interval_ms
+from llmgw_twin.twin.scenario.loader import load_scenario_text
 from test_inventory import _fake_pynvml
 from test_proxy import echo_server, roundtrip
 

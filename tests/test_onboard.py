@@ -25,14 +25,14 @@ import pytest
 
 from helpers.services import free_ports, free_range, wait_sync
 from llmgw_twin.cli import main
-from llmgw_twin.core.model import TraceEvent
+from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.report import fidelity_table, timeline
 from llmgw_twin.realmode.runner import RealResult
-from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
-from llmgw_twin.service.config import load_agent_config
-from llmgw_twin.service.onboard import add_arguments
-from llmgw_twin.service.processes import group_alive
-from llmgw_twin.twin.loader import load_scenario
+from llmgw_twin.service.agent.config import load_agent_config
+from llmgw_twin.service.agent.processes import group_alive
+from llmgw_twin.service.common.auth import CredentialFile, new_token, token_hash
+from llmgw_twin.service.ops.onboard import add_arguments
+from llmgw_twin.twin.scenario.loader import load_scenario
 from llmgw_twin.units import fmt_offset
 from test_services_e2e import Fleet
 

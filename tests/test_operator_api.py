@@ -19,13 +19,13 @@ import pytest
 
 from helpers.services import FAST, eventually, free_ports, node_info, wait_sync
 from llmgw_twin.cli import main
-from llmgw_twin.core.durable import PutFailedGpu
-from llmgw_twin.core.model import NodeId
-from llmgw_twin.core.protocol import Heartbeat, NodeRegistered, RequestReport, Step
-from llmgw_twin.service.config import ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.wire import HeartbeatW, NodeRegisteredW
+from llmgw_twin.control.durable import PutFailedGpu
+from llmgw_twin.control.model import NodeId
+from llmgw_twin.control.protocol import Heartbeat, NodeRegistered, RequestReport, Step
+from llmgw_twin.service.common.wire import HeartbeatW, NodeRegisteredW
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerSettings
+from llmgw_twin.service.controller.routes import create_controller_app
 
 
 def _registration(name: str) -> dict[str, object]:

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import node, profile
-from llmgw_twin.core.model import FabricId, NodeId
-from llmgw_twin.core.placement import REASON_FABRICS, CapacityIndex, Placement, Unplaceable
-from llmgw_twin.core.room import Demand, Shape, capacity_of
+from llmgw_twin.control.model import FabricId, NodeId
+from llmgw_twin.control.placement import REASON_FABRICS, CapacityIndex, Placement, Unplaceable
+from llmgw_twin.control.room import Demand, Shape, capacity_of
 
 
 def fleet(*infos: tuple[str, str, int]) -> CapacityIndex:

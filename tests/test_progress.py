@@ -23,8 +23,8 @@ import pytest
 from helpers.real_runs import marked
 from llmgw_twin.cli import main
 from llmgw_twin.realmode import runner
-from llmgw_twin.twin import fuzz_cli
-from llmgw_twin.twin.fuzz import check_batch
+from llmgw_twin.twin.fuzz import cli as fuzz_cli
+from llmgw_twin.twin.fuzz.judge import check_batch
 from test_fuzz import _plant
 from test_real_mode import own_tmp
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin.pytest_plugin import explain
-from llmgw_twin.twin.loader import TOP_KEYS, ScenarioError, load_scenario_text
-from llmgw_twin.twin.runner import InvariantResult, run_scenario
-from llmgw_twin.twin.scenario import EventExpectation
+from llmgw_twin.twin.scenario.loader import TOP_KEYS, ScenarioError, load_scenario_text
+from llmgw_twin.twin.scenario.model import EventExpectation
+from llmgw_twin.twin.world.runner import InvariantResult, run_scenario
 from llmgw_twin.units import fmt_ms
 
 pytest_plugins = ["pytester"]

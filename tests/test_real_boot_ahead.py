@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmgw_twin.core.model import NodeId
+from llmgw_twin.control.model import NodeId
 from llmgw_twin.realmode.faults import BOOT_LEAD_S, RealFaults
-from llmgw_twin.twin.loader import load_scenario_text
+from llmgw_twin.twin.scenario.loader import load_scenario_text
 
 SCENARIO = """
 name: boot-ahead

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmgw_twin.core.model import TraceEvent
+from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.runner import RealResult, run_real
-from llmgw_twin.twin.loader import load_scenario_text
-from llmgw_twin.twin.runner import run_scenario
-from llmgw_twin.twin.timescale import scale_scenario, widen
+from llmgw_twin.twin.scenario.loader import load_scenario_text
+from llmgw_twin.twin.scenario.timescale import scale_scenario, widen
+from llmgw_twin.twin.world.runner import run_scenario
 from test_real_mode import own_tmp
 
 __all__ = ["own_tmp"]  # a fixture, used by name

@@ -16,7 +16,7 @@ import httpx
 from fastapi import FastAPI
 
 from helpers.live import live_server
-from llmgw_twin.core.model import TraceEvent
+from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.checks import (
     STATE_MARGIN_MS,
     Reading,
@@ -26,10 +26,10 @@ from llmgw_twin.realmode.checks import (
 )
 from llmgw_twin.realmode.report import decision_differences, fidelity, fidelity_table
 from llmgw_twin.realmode.runner import RealResult, RealRun
-from llmgw_twin.twin.loader import load_scenario_text
-from llmgw_twin.twin.runner import RunResult
-from llmgw_twin.twin.scenario import EventExpectation, Scenario, StateExpectation
-from llmgw_twin.twin.timescale import widen
+from llmgw_twin.twin.scenario.loader import load_scenario_text
+from llmgw_twin.twin.scenario.model import EventExpectation, Scenario, StateExpectation
+from llmgw_twin.twin.scenario.timescale import widen
+from llmgw_twin.twin.world.runner import RunResult
 
 SCENARIO = """\
 name: judging

@@ -18,7 +18,7 @@ from helpers.real_runs import RealRunProcess, alive_groups, marked
 from llmgw_twin.cli import main
 from llmgw_twin.programs.tiny_gguf import write_tiny_gguf
 from llmgw_twin.realmode.runner import RealResult, engine_binaries, run_real
-from llmgw_twin.twin.loader import load_scenario, load_scenario_text
+from llmgw_twin.twin.scenario.loader import load_scenario, load_scenario_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_WITHIN_S = 180.0

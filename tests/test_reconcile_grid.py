@@ -6,8 +6,8 @@ this grid (`docs/real-mode.md`)."""
 
 from __future__ import annotations
 
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.model import Timings
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import Timings
 
 INTERVAL = 1_000
 

@@ -19,12 +19,12 @@ from typing import Any
 import httpx
 
 from helpers.services import eventually, node_info
-from llmgw_twin.core.model import NodeId, Timings
-from llmgw_twin.core.protocol import Heartbeat, NodeRegistered
-from llmgw_twin.service.config import ControllerSettings
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.wire import HeartbeatW, NodeRegisteredW
+from llmgw_twin.control.model import NodeId, Timings
+from llmgw_twin.control.protocol import Heartbeat, NodeRegistered
+from llmgw_twin.service.common.wire import HeartbeatW, NodeRegisteredW
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerSettings
+from llmgw_twin.service.controller.routes import create_controller_app
 
 TIMINGS = Timings(
     heartbeat_interval_ms=200,

@@ -17,19 +17,19 @@ import pytest
 
 from helpers.controller import Sent, controller, two_ready_replicas
 from helpers.services import FAST, eventually
-from llmgw_twin.core.model import ModelName, ReplicaId, TraceEvent
-from llmgw_twin.core.routing import Router, SnapshotEntry, SnapshotState
-from llmgw_twin.service.auth import new_token, token_hash
-from llmgw_twin.service.config import (
-    ConfigError,
+from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
+from llmgw_twin.control.routing import Router, SnapshotEntry, SnapshotState
+from llmgw_twin.service.common.auth import new_token, token_hash
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.common.feed import FeedPageW, RoutingFeed
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import (
     ControllerAuth,
     ControllerSettings,
     load_controller_config,
 )
-from llmgw_twin.service.controller_app import ControllerRuntime
-from llmgw_twin.service.controller_http import create_controller_app
-from llmgw_twin.service.feed import FeedPageW, RoutingFeed
-from llmgw_twin.service.follower import FeedFollower
+from llmgw_twin.service.controller.routes import create_controller_app
+from llmgw_twin.service.router.follower import FeedFollower
 
 DEADLINE_S = 20
 

@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from helpers.services import free_ports, free_range, wait_sync
-from llmgw_twin.service.config_access import ConfigError
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
-from llmgw_twin.service.forwarding import REPLICA_HEADER
-from llmgw_twin.service.processes import group_alive
-from llmgw_twin.service.router_config import load_router_config
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.processes import group_alive
+from llmgw_twin.service.common.config_access import ConfigError
+from llmgw_twin.service.router.config import load_router_config
+from llmgw_twin.service.router.forwarding import REPLICA_HEADER
 from test_services_e2e import Fleet, get
 
 CONTROLLER_YAML = """\

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     ModelName,
     NodeId,
     ReplicaId,
     ShardState,
     TraceEvent,
 )
-from llmgw_twin.core.routing import (
+from llmgw_twin.control.routing import (
     Ejection,
     NoRoute,
     Route,

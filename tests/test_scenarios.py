@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_twin.twin.loader import load_scenario
-from llmgw_twin.twin.runner import run_scenario
+from llmgw_twin.twin.scenario.loader import load_scenario
+from llmgw_twin.twin.world.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from llmgw_twin.cli import main
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     ENGINES,
     Deployment,
     EngineName,
@@ -29,10 +29,10 @@ from llmgw_twin.core.model import (
     Timings,
     TraceEvent,
 )
-from llmgw_twin.core.protocol import AssignShards, Heartbeat, NodeRegistered, RequestReport
-from llmgw_twin.service.config import ConfigError, load_controller_config
-from llmgw_twin.service.limits import MAX_GPUS_PER_NODE
-from llmgw_twin.service.wire import (
+from llmgw_twin.control.protocol import AssignShards, Heartbeat, NodeRegistered, RequestReport
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.common.limits import MAX_GPUS_PER_NODE
+from llmgw_twin.service.common.wire import (
     AssignShardsW,
     DeploymentW,
     HeartbeatW,
@@ -45,6 +45,7 @@ from llmgw_twin.service.wire import (
     TraceEventW,
     describe_errors,
 )
+from llmgw_twin.service.controller.config import load_controller_config
 
 names = st.from_regex(r"[A-Za-z0-9._-]{1,12}", fullmatch=True)
 engines = st.sampled_from(ENGINES).map(EngineName)

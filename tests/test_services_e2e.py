@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from helpers.services import free_ports, free_range, gone, wait_sync
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
-from llmgw_twin.service.processes import group_alive
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.processes import group_alive
 
 CONTROLLER_YAML = """\
 listen: {{host: 127.0.0.1, port: {port}}}

@@ -23,7 +23,7 @@ import pytest
 
 from helpers.engines import Engine, listening_ports, refuses
 from helpers.services import free_ports
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     EngineName,
     ModelName,
     NodeId,

@@ -64,10 +64,10 @@ from hypothesis.stateful import (
 
 from conftest import T
 from helpers.stateful_world import ENGINE_STAGES, NodeTruth, Proc, Stage, World, endpoint_of
-from llmgw_twin.core.agent import AgentCore
-from llmgw_twin.core.controller import Controller
-from llmgw_twin.core.durable import DeleteReplica, DurableState, Write
-from llmgw_twin.core.model import (
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.durable import DeleteReplica, DurableState, Write
+from llmgw_twin.control.model import (
     Deployment,
     EngineName,
     FabricId,
@@ -81,9 +81,9 @@ from llmgw_twin.core.model import (
     ShardState,
     TraceEvent,
 )
-from llmgw_twin.core.outbox import Outbox
-from llmgw_twin.core.placement import CapacityIndex, Placement, Unplaceable
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.outbox import Outbox
+from llmgw_twin.control.placement import CapacityIndex, Placement, Unplaceable
+from llmgw_twin.control.protocol import (
     AgentCommand,
     AgentEvent,
     ApplyDeployment,
@@ -106,8 +106,8 @@ from llmgw_twin.core.protocol import (
     SidecarUp,
     Step,
 )
-from llmgw_twin.core.replicas import ReplicaRecord, ReplicaTable
-from llmgw_twin.core.routing import Router
+from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
+from llmgw_twin.control.routing import Router
 
 NAMES = tuple(f"node_{i}" for i in range(6))
 """Named as Hypothesis names the `nodes` bundle's values, so a failing example reads `node_1`

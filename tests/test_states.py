@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_twin.core import states
-from llmgw_twin.core.agent import AgentCore
-from llmgw_twin.core.model import (
+from llmgw_twin.control import states
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.model import (
     EngineName,
     FabricId,
     ModelName,
@@ -22,10 +22,16 @@ from llmgw_twin.core.model import (
     ReplicaState,
     ShardSpec,
 )
-from llmgw_twin.core.protocol import Assigned, EngineExited, EngineStarted, SidecarUp, StartSidecar
-from llmgw_twin.core.states import Phase
-from llmgw_twin.twin.loader import load_scenario
-from llmgw_twin.twin.runner import run_scenario
+from llmgw_twin.control.protocol import (
+    Assigned,
+    EngineExited,
+    EngineStarted,
+    SidecarUp,
+    StartSidecar,
+)
+from llmgw_twin.control.states import Phase
+from llmgw_twin.twin.scenario.loader import load_scenario
+from llmgw_twin.twin.world.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("**/*.yaml"))

@@ -24,8 +24,8 @@ from helpers.controller import registration, runtime_of
 from helpers.fake_fleet import Fleet, running_fleet
 from helpers.live import live_server
 from helpers.services import wait_sync
-from llmgw_twin.service.auth import new_token
-from llmgw_twin.service.controller_http import create_controller_app
+from llmgw_twin.service.common.auth import new_token
+from llmgw_twin.service.controller.routes import create_controller_app
 
 SCREENSHOT = Path("/tmp/status-page.png")  # noqa: S108  (asked for outside the test's own tree)
 MARKUP = '<img src=x onerror="document.body.dataset.pwned=1">'

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.store_batches import batches, replica_row
-from llmgw_twin.core.durable import (
+from llmgw_twin.control.durable import (
     DeleteReplica,
     DurableState,
     PutDeployment,
@@ -27,7 +27,7 @@ from llmgw_twin.core.durable import (
     ReplicaRow,
     Write,
 )
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     Deployment,
     EngineName,
     FabricId,
@@ -40,7 +40,7 @@ from llmgw_twin.core.model import (
     ShardSpec,
     TraceEvent,
 )
-from llmgw_twin.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
+from llmgw_twin.store.sqlite import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 
 TESTS = Path(__file__).resolve().parent
 

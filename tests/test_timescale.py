@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw_twin.twin.loader import load_scenario
-from llmgw_twin.twin.runner import run_scenario
-from llmgw_twin.twin.scenario import EventExpectation, StateExpectation
-from llmgw_twin.twin.timescale import scale_scenario, widen
+from llmgw_twin.twin.scenario.loader import load_scenario
+from llmgw_twin.twin.scenario.model import EventExpectation, StateExpectation
+from llmgw_twin.twin.scenario.timescale import scale_scenario, widen
+from llmgw_twin.twin.world.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ import pytest
 import trustme
 
 from helpers.services import free_ports, free_range, wait_sync
-from llmgw_twin.service.auth import new_token, token_hash
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.common.auth import new_token, token_hash
 from test_services_e2e import Fleet
 
 CONTROLLER_YAML = """\

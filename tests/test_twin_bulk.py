@@ -1,4 +1,4 @@
-"""Bulk heartbeats (twin/heartbeats.py) give exactly what one event per heartbeat gives.
+"""Bulk heartbeats (twin/world/heartbeats.py) give exactly what one event per heartbeat gives.
 
 Every scenario file and `FUZZ_SEEDS` fuzzed fleets (the fuzzer's own generator) run both ways;
 the traces are compared byte for byte (canonical JSON, line by line), and so are every
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_twin.core.health import HealthTracker
-from llmgw_twin.core.model import NodeId, NodeState, Timings
-from llmgw_twin.twin import heartbeats
-from llmgw_twin.twin.fuzz_gen import generate, scenario_text
-from llmgw_twin.twin.loader import load_scenario, load_scenario_text
-from llmgw_twin.twin.runner import RunResult, canonical_event, run_scenario
-from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.control.health import HealthTracker
+from llmgw_twin.control.model import NodeId, NodeState, Timings
+from llmgw_twin.twin.fuzz.gen import generate, scenario_text
+from llmgw_twin.twin.scenario.loader import load_scenario, load_scenario_text
+from llmgw_twin.twin.scenario.model import Scenario
+from llmgw_twin.twin.world import heartbeats
+from llmgw_twin.twin.world.runner import RunResult, canonical_event, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = sorted([*ROOT.glob("scenarios/*.yaml"), *ROOT.glob("scenarios/regressions/*.yaml")])

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import simpy
 
-from llmgw_twin.core.model import NodeId, NodeInfo, ShardReport, ShardState, Timings
-from llmgw_twin.core.protocol import ControllerEvent, Heartbeat, NodeRegistered
+from llmgw_twin.control.model import NodeId, NodeInfo, ShardReport, ShardState, Timings
+from llmgw_twin.control.protocol import ControllerEvent, Heartbeat, NodeRegistered
 from llmgw_twin.realmode.faults import check_real_supported
-from llmgw_twin.twin import runner
-from llmgw_twin.twin.control_shell import ControllerShell
-from llmgw_twin.twin.loader import ScenarioError, load_scenario_text
-from llmgw_twin.twin.network import MGMT_LINK_MS, Network
-from llmgw_twin.twin.node import PEER_LOST_EXIT_CODE
-from llmgw_twin.twin.runner import RunResult, run_scenario
-from llmgw_twin.twin.scenario import CrashNode, HangEngine
-from llmgw_twin.twin.world import World
+from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario_text
+from llmgw_twin.twin.scenario.model import CrashNode, HangEngine
+from llmgw_twin.twin.world import runner
+from llmgw_twin.twin.world.controller import ControllerShell
+from llmgw_twin.twin.world.network import MGMT_LINK_MS, Network
+from llmgw_twin.twin.world.node import PEER_LOST_EXIT_CODE
+from llmgw_twin.twin.world.runner import RunResult, run_scenario
+from llmgw_twin.twin.world.sim import World
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ def run(monkeypatch: pytest.MonkeyPatch) -> Run:
     receive_heartbeat = ControllerShell.receive_heartbeat
 
     def heartbeat(shell: ControllerShell, msg: Heartbeat) -> bool:
-        """The timer's heartbeats come in by their own door (`twin/heartbeats.py`)."""
+        """The timer's heartbeats come in by their own door (`twin/world/heartbeats.py`)."""
         sent.append(
             Sent(shell.world.now, msg.node, msg.shards, msg.failed_gpus, msg.fabric_up, False)
         )
@@ -344,7 +344,7 @@ def test_real_mode_injects_a_crash() -> None:
 
 def test_real_mode_hands_the_controller_every_setting_of_the_scenario(tmp_path: Path) -> None:
     from llmgw_twin.realmode.cluster import RealCluster
-    from llmgw_twin.service.config import load_controller_config
+    from llmgw_twin.service.controller.config import load_controller_config
 
     text = scenario("").replace(
         "timings: {probe_interval: 5s, unresponsive_grace: 20s}",

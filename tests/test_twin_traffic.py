@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_twin.core.model import ModelName, TraceEvent
-from llmgw_twin.core.routing import LEAVES, Router
-from llmgw_twin.twin.loader import ScenarioError, load_scenario, load_scenario_text
-from llmgw_twin.twin.report import to_json
-from llmgw_twin.twin.runner import RunResult, run_scenario
-from llmgw_twin.twin.scenario import RequestsExpectation, Scenario, Traffic
-from llmgw_twin.twin.timescale import scale_scenario, widen
+from llmgw_twin.control.model import ModelName, TraceEvent
+from llmgw_twin.control.routing import LEAVES, Router
+from llmgw_twin.twin.report.text import to_json
+from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
+from llmgw_twin.twin.scenario.model import RequestsExpectation, Scenario, Traffic
+from llmgw_twin.twin.scenario.timescale import scale_scenario, widen
+from llmgw_twin.twin.world.runner import RunResult, run_scenario
 
 M = ModelName("m")
 ROOT = Path(__file__).resolve().parent.parent

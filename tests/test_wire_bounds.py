@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from helpers.controller import PROFILE, controller, registration
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     ENGINES,
     EngineName,
     ModelName,
@@ -21,10 +21,10 @@ from llmgw_twin.core.model import (
     ShardSpec,
     ShardState,
 )
-from llmgw_twin.core.protocol import Heartbeat
+from llmgw_twin.control.protocol import Heartbeat
 from llmgw_twin.engines.base import LaunchContext
 from llmgw_twin.engines.registry import adapter_for
-from llmgw_twin.service.limits import (
+from llmgw_twin.service.common.limits import (
     CONTROL_BODY_LIMIT,
     MAX_ARGS,
     MAX_ARGS_CHARS,
@@ -36,7 +36,7 @@ from llmgw_twin.service.limits import (
     MAX_REPLICAS,
     MAX_SHARDS_PER_MESSAGE,
 )
-from llmgw_twin.service.wire import HeartbeatW, ShardReportW
+from llmgw_twin.service.common.wire import HeartbeatW, ShardReportW
 
 
 def largest_spec(engine: str, rank: int) -> ShardSpec:

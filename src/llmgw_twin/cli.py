@@ -40,66 +40,66 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "check every flag the project can emit against an engine's --help",
     ),
     ("ctl", "clear-gpu"): (
-        "llmgw_twin.service.ctl:ClearGpu",
+        "llmgw_twin.service.ops.ctl:ClearGpu",
         "clear a GPU the controller holds failed (it was repaired or replaced)",
     ),
     ("ctl", "clear-quarantine"): (
-        "llmgw_twin.service.ctl:ClearQuarantine",
+        "llmgw_twin.service.ops.ctl:ClearQuarantine",
         "lift a node's quarantine (for one profile, or all)",
     ),
     ("ctl", "new-token"): (
-        "llmgw_twin.service.ctl:NewToken",
+        "llmgw_twin.service.ops.ctl:NewToken",
         "print a fresh admin token or API key and the hash its config lists",
     ),
     ("ctl", "onboard"): (
-        "llmgw_twin.service.ctl:Onboard",
+        "llmgw_twin.service.ops.ctl:Onboard",
         "issue or rotate a node's credential and write its agent's credential file",
     ),
     ("ctl", "revoke"): (
-        "llmgw_twin.service.ctl:Revoke",
+        "llmgw_twin.service.ops.ctl:Revoke",
         "revoke a node's credential",
     ),
     ("ctl", "cordon"): (
-        "llmgw_twin.service.ctl_fleet:Cordon",
+        "llmgw_twin.service.ops.ctl_fleet:Cordon",
         "take a node out of placement (what it runs keeps running)",
     ),
     ("ctl", "uncordon"): (
-        "llmgw_twin.service.ctl_fleet:Uncordon",
+        "llmgw_twin.service.ops.ctl_fleet:Uncordon",
         "put a cordoned node back into placement (ends a drain)",
     ),
     ("ctl", "drain"): (
-        "llmgw_twin.service.ctl_fleet:Drain",
+        "llmgw_twin.service.ops.ctl_fleet:Drain",
         "move every replica off a node, make-before-break, and keep it cordoned",
     ),
     ("ctl", "explain"): (
-        "llmgw_twin.service.ctl_fleet:Explain",
+        "llmgw_twin.service.ops.ctl_fleet:Explain",
         "why a replica is where it is, or why it is pending and where it could go",
     ),
     ("ctl", "deployment", "delete"): (
-        "llmgw_twin.service.ctl_fleet:DeploymentDelete",
+        "llmgw_twin.service.ops.ctl_fleet:DeploymentDelete",
         "delete a deployment: its replicas are retired",
     ),
     ("ctl", "gpu", "clear"): (
-        "llmgw_twin.service.ctl:ClearGpu",
+        "llmgw_twin.service.ops.ctl:ClearGpu",
         "clear a GPU the controller holds failed (as clear-gpu)",
     ),
     ("ctl", "status"): (
-        "llmgw_twin.service.ctl_status:Status",
+        "llmgw_twin.service.ops.ctl_status:Status",
         "show the fleet: fabrics (or every node), replicas per model, pending replicas and why",
     ),
     ("onboard",): (
-        "llmgw_twin.service.onboard",
+        "llmgw_twin.service.ops.onboard",
         "write a node's agent config, credential, fake sysfs root and systemd units",
     ),
-    ("controller",): ("llmgw_twin.service.controller_main", "run the controller service"),
-    ("agent",): ("llmgw_twin.service.agent_main", "run a node agent"),
+    ("controller",): ("llmgw_twin.service.controller.main", "run the controller service"),
+    ("agent",): ("llmgw_twin.service.agent.main", "run a node agent"),
     ("router",): (
-        "llmgw_twin.service.router_main",
+        "llmgw_twin.service.router.main",
         "run an OpenAI-compatible router that follows the controller's routing feed",
     ),
-    ("sidecar",): ("llmgw_twin.service.sidecar", "run a shard's sidecar"),
+    ("sidecar",): ("llmgw_twin.service.agent.sidecar", "run a shard's sidecar"),
     ("fuzz",): (
-        "llmgw_twin.twin.fuzz_cli",
+        "llmgw_twin.twin.fuzz.cli",
         "run generated scenarios with random faults over a block of seeds (docs/fuzzing.md)",
     ),
 }
@@ -187,9 +187,9 @@ def _run_real_files(args: argparse.Namespace) -> int:
     from llmgw_twin.realmode.ports import PortLeaseError
     from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
     from llmgw_twin.realmode.runner import run_real
-    from llmgw_twin.twin.loader import ScenarioError, load_scenario
-    from llmgw_twin.twin.runner import run_scenario
-    from llmgw_twin.twin.timescale import scale_scenario
+    from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario
+    from llmgw_twin.twin.scenario.timescale import scale_scenario
+    from llmgw_twin.twin.world.runner import run_scenario
     from llmgw_twin.units import parse_duration
 
     try:
@@ -270,10 +270,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.real:
         return cmd_run_real(args)
     # imported here: an engine or an agent started through this CLI never pays for the twin
-    from llmgw_twin.twin.html_report import render_html
-    from llmgw_twin.twin.loader import ScenarioError, load_scenario
-    from llmgw_twin.twin.report import timeline, to_json, verdict
-    from llmgw_twin.twin.runner import UnsupportedScenario, run_scenario
+    from llmgw_twin.twin.report.html import render_html
+    from llmgw_twin.twin.report.text import timeline, to_json, verdict
+    from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario
+    from llmgw_twin.twin.world.runner import UnsupportedScenario, run_scenario
 
     worst = EXIT_OK
     for index, path in enumerate(args.files):

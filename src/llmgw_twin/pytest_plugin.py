@@ -32,18 +32,18 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from llmgw_twin.core.model import TraceEvent
-from llmgw_twin.twin.expect import matches
-from llmgw_twin.twin.loader import TOP_KEYS, ScenarioError, load_scenario
-from llmgw_twin.twin.loader_limits import MAX_FILE_BYTES
-from llmgw_twin.twin.report import describe, verdict
-from llmgw_twin.twin.runner import RunResult, UnsupportedScenario, run_scenario
-from llmgw_twin.twin.scenario import (
+from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.twin.report.text import describe, verdict
+from llmgw_twin.twin.scenario.limits import MAX_FILE_BYTES
+from llmgw_twin.twin.scenario.loader import TOP_KEYS, ScenarioError, load_scenario
+from llmgw_twin.twin.scenario.model import (
     EventExpectation,
     RequestsExpectation,
     Scenario,
     StateExpectation,
 )
+from llmgw_twin.twin.world.expect import matches
+from llmgw_twin.twin.world.runner import RunResult, UnsupportedScenario, run_scenario
 from llmgw_twin.units import fmt_ms
 
 if TYPE_CHECKING:  # pytest's types for repr_failure, not exported under public names

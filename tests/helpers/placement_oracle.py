@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from llmgw_twin.core.model import TraceEvent
-from llmgw_twin.twin.loader import load_scenario_text
-from llmgw_twin.twin.runner import run_scenario
+from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.twin.scenario.loader import load_scenario_text
+from llmgw_twin.twin.world.runner import run_scenario
 
 
 @dataclass(frozen=True, slots=True)

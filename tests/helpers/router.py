@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from helpers.engines import Engine
 from helpers.live import live_server
 from helpers.services import eventually, free_ports
-from llmgw_twin.core.routing import Ejection, RouterTimeouts
-from llmgw_twin.service.router_app import RouterRuntime, create_router_app
-from llmgw_twin.service.router_config import RouterSettings
+from llmgw_twin.control.routing import Ejection, RouterTimeouts
+from llmgw_twin.service.router.app import RouterRuntime, create_router_app
+from llmgw_twin.service.router.config import RouterSettings
 
 MODEL = "m"
 DEADLINE_S = 30.0

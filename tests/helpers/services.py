@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     EngineName,
     FabricId,
     ModelName,
@@ -20,7 +20,7 @@ from llmgw_twin.core.model import (
     ShardSpec,
     Timings,
 )
-from llmgw_twin.service.processes import group_alive
+from llmgw_twin.service.agent.processes import group_alive
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from llmgw_twin.core.agent import AgentCore
-from llmgw_twin.core.model import (
+from llmgw_twin.control.agent import AgentCore
+from llmgw_twin.control.model import (
     EngineName,
     FabricId,
     NodeId,
@@ -23,7 +23,7 @@ from llmgw_twin.core.model import (
     ShardReport,
     ShardSpec,
 )
-from llmgw_twin.core.protocol import (
+from llmgw_twin.control.protocol import (
     AgentEvent,
     Heartbeat,
     SendReport,

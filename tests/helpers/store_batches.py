@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from llmgw_twin.core.durable import (
+from llmgw_twin.control.durable import (
     DeleteReplica,
     PutDeployment,
     PutNode,
@@ -14,7 +14,7 @@ from llmgw_twin.core.durable import (
     ReplicaRow,
     Write,
 )
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     Deployment,
     EngineName,
     FabricId,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from helpers.store_batches import batches
-from llmgw_twin.store import Store
+from llmgw_twin.store.sqlite import Store
 
 
 def main() -> None:

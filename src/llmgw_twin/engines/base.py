@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from llmgw_twin.core.model import (
+from llmgw_twin.control.model import (
     RENDEZVOUS_PORT_BASE,
     EngineName,
     ModelName,

@@ -20,7 +20,7 @@ build, but only a build with `-DGGML_RPC=ON` can use it, and only such a build h
 
 from __future__ import annotations
 
-from llmgw_twin.core.model import RENDEZVOUS_PORT_BASE, ShardSpec
+from llmgw_twin.control.model import RENDEZVOUS_PORT_BASE, ShardSpec
 from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,

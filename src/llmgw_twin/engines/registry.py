@@ -6,7 +6,7 @@ name is an engine the agent can launch and `engine-check` can check.
 
 from __future__ import annotations
 
-from llmgw_twin.core.model import ENGINES
+from llmgw_twin.control.model import ENGINES
 from llmgw_twin.engines.base import EngineAdapter
 from llmgw_twin.engines.llamacpp import LlamaCppAdapter
 from llmgw_twin.engines.sglang import SglangAdapter

@@ -15,7 +15,7 @@ ready when GET /health answers 200 (503 while the server is starting); workers o
 
 from __future__ import annotations
 
-from llmgw_twin.core.model import ShardSpec
+from llmgw_twin.control.model import ShardSpec
 from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,

@@ -12,7 +12,7 @@ sim-engine`); the leader is ready when GET /health answers 200; workers open no 
 from __future__ import annotations
 
 from llmgw_twin import __version__
-from llmgw_twin.core.model import ShardSpec
+from llmgw_twin.control.model import ShardSpec
 from llmgw_twin.engines.base import Launch, LaunchContext, Program, http_leader_launch, widest_of
 
 PROGRAM = Program(

@@ -15,7 +15,7 @@ only after every node's workers have joined and loaded); workers open no port of
 
 from __future__ import annotations
 
-from llmgw_twin.core.model import ShardSpec
+from llmgw_twin.control.model import ShardSpec
 from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,

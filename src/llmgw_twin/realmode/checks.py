@@ -30,10 +30,10 @@ from typing import Any
 
 import httpx
 
-from llmgw_twin.core.model import TraceEvent
-from llmgw_twin.twin.expect import Outcome, judge_event, matches
-from llmgw_twin.twin.runner import InvariantResult
-from llmgw_twin.twin.scenario import INVARIANTS, EventExpectation, Scenario, StateExpectation
+from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.twin.scenario.model import INVARIANTS, EventExpectation, Scenario, StateExpectation
+from llmgw_twin.twin.world.expect import Outcome, judge_event, matches
+from llmgw_twin.twin.world.runner import InvariantResult
 from llmgw_twin.units import fmt_ms, fmt_offset
 
 ROUTE_SLACK_MS = 50

@@ -31,13 +31,13 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from llmgw_twin.core.model import NodeId, Timings
+from llmgw_twin.control.model import NodeId, Timings
 from llmgw_twin.realmode.fabric import RealFabrics
 from llmgw_twin.realmode.ports import lease_ports
 from llmgw_twin.realmode.proxy import CuttableProxy
-from llmgw_twin.service.auth import CredentialFile, new_token, token_hash
-from llmgw_twin.service.fakesysfs import fabric_prefix_for, fail_gpu, write_sysfs_root
-from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, fail_gpu, write_sysfs_root
+from llmgw_twin.service.common.auth import CredentialFile, new_token, token_hash
+from llmgw_twin.twin.scenario.model import Scenario
 from llmgw_twin.units import fmt_duration, setting_keys
 
 STARTUP_DEADLINE_S = 30.0

@@ -12,7 +12,7 @@ sim engine's ranks see their peer go and exit 1) and refuse new ones until it is
 started meanwhile keeps dialling its leader, and joins when the links return).
 
 The InfiniBand ports go down with it: each node's sysfs-shaped root shows `1: DOWN`
-(`fakesysfs.set_port_state`), which its agent reads (`service/node_watch.py`) and reports.
+(`fakesysfs.set_port_state`), which its agent reads (`service/agent/node_watch.py`) and reports.
 
 Invariants: overlapping outages of one fabric end with the last (`down` and `up` count them);
 the proxies listen on this run's own addresses only, and `close` ends all of them.
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw_twin.core.model import RENDEZVOUS_PORT_BASE, FabricId, NodeId
+from llmgw_twin.control.model import RENDEZVOUS_PORT_BASE, FabricId, NodeId
 from llmgw_twin.engines.llamacpp import RPC_PORT_BASE
 from llmgw_twin.realmode.proxy import CuttableProxy
-from llmgw_twin.service.fakesysfs import set_port_state
-from llmgw_twin.twin.scenario import Scenario
+from llmgw_twin.service.agent.fakesysfs import set_port_state
+from llmgw_twin.twin.scenario.model import Scenario
 
 
 def fabric_address(run_slot: int, index: int) -> str:

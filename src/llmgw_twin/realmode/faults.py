@@ -17,13 +17,12 @@ from typing import assert_never
 
 import httpx
 
-from llmgw_twin.core.model import FabricId, ModelName, NodeId, TraceEvent
+from llmgw_twin.control.model import FabricId, ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode import ports
 from llmgw_twin.realmode.cluster import RealCluster, children_groups
-from llmgw_twin.service.node_watch import poll_interval_ms
-from llmgw_twin.twin.faults import fault_subjects
-from llmgw_twin.twin.report import describe
-from llmgw_twin.twin.scenario import (
+from llmgw_twin.service.agent.node_watch import poll_interval_ms
+from llmgw_twin.twin.report.text import describe
+from llmgw_twin.twin.scenario.model import (
     Cordon,
     CrashNode,
     DeleteDeployment,
@@ -40,6 +39,7 @@ from llmgw_twin.twin.scenario import (
     Scenario,
     SetReplicas,
 )
+from llmgw_twin.twin.world.faults import fault_subjects
 from llmgw_twin.units import fmt_offset
 
 POLL_S = 0.1

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw_twin.core.model import TraceEvent
+from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.runner import RealResult
-from llmgw_twin.twin.expect import matches
-from llmgw_twin.twin.report import describe, judged_json, judged_lines, requests_lines
-from llmgw_twin.twin.runner import RunResult, trace_sha256
-from llmgw_twin.twin.scenario import EventExpectation
+from llmgw_twin.twin.report.text import describe, judged_json, judged_lines, requests_lines
+from llmgw_twin.twin.scenario.model import EventExpectation
+from llmgw_twin.twin.world.expect import matches
+from llmgw_twin.twin.world.runner import RunResult, trace_sha256
 from llmgw_twin.units import fmt_ms, fmt_offset
 
 REPLICA_DECISIONS: dict[str, tuple[str, ...]] = {

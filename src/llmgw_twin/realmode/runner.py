@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from llmgw_twin.core.model import TraceEvent
+from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.checks import (
     Reading,
     RealInvariants,
@@ -44,17 +44,17 @@ from llmgw_twin.realmode.cluster import RealCluster, free_port
 from llmgw_twin.realmode.faults import RealFaults, check_real_supported
 from llmgw_twin.realmode.stop import Interrupted, Stopper, signals_to
 from llmgw_twin.realmode.traffic import RealTraffic
-from llmgw_twin.service.wire import TraceEventW
-from llmgw_twin.twin.expect import Outcome, judge_requests
-from llmgw_twin.twin.report import describe
-from llmgw_twin.twin.runner import InvariantResult
-from llmgw_twin.twin.scenario import (
+from llmgw_twin.service.common.wire import TraceEventW
+from llmgw_twin.twin.report.text import describe
+from llmgw_twin.twin.scenario.model import (
     EventExpectation,
     RequestsExpectation,
     Scenario,
     StateExpectation,
 )
-from llmgw_twin.twin.timescale import scale_scenario, widen
+from llmgw_twin.twin.scenario.timescale import scale_scenario, widen
+from llmgw_twin.twin.world.expect import Outcome, judge_requests
+from llmgw_twin.twin.world.runner import InvariantResult
 from llmgw_twin.units import fmt_ms, fmt_offset
 
 POLL_S = 0.1

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from llmgw_twin.core.model import ModelName, TraceEvent
-from llmgw_twin.twin.scenario import Scenario, Traffic
+from llmgw_twin.control.model import ModelName, TraceEvent
+from llmgw_twin.twin.scenario.model import Scenario, Traffic
 
 MAX_IN_FLIGHT = 256
 TIMEOUT_S = 30.0

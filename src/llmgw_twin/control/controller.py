@@ -1,0 +1,431 @@
+"""The controller core: `handle(event, now)` and `tick(now)` in, commands and trace events out.
+
+Level-triggered, in the manner of a reconcile loop. `handle` records what agents report and what
+the operator wants (emitting what it observed: joins, recoveries, shard starts), takes a replica
+out of service the moment a report shows it lost a shard (an exit, a shard gone from its node's
+report, a shard no longer up), and marks what it touched. `tick` (every reconcile interval)
+decides from observed plus desired state: expires silent nodes, fails and reaps every replica
+that lost a shard, marks whole replicas ready, creates or retires replicas to meet each
+deployment, places pending replicas where a whole replica fits, and tells each touched node its
+full shard set. Work is proportional to what changed: dirty sets, never a sweep of the fleet.
+
+A restarted controller starts from its store (`restored`): desired state, node registry and
+where each live replica was placed. It asks every known agent to report at once and adopts a
+replica whose every shard is reported present (no engine restarted, routable again if it was
+serving); a replica short of a shard is failed, reaped and replaced, never ready in between;
+shards no replica claims are stopped. A known node's silence is counted from the last time a
+controller heard it (the store keeps that), not from the restart, and nothing is placed on it
+until it is heard from. The faults this meets are described in docs/faults.md.
+
+Invariants kept: a replica's shards are all in one fabric (placement never returns otherwise);
+a GPU is booked for at most one live replica; a replica leaves `ready` the moment the controller
+learns it lost a shard; a failed replica is reaped in that same step, its GPUs freed and its
+shards dropped from every node's assignment.
+"""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from llmgw_twin.control.assignments import Assignments
+from llmgw_twin.control.defrag import Defragmenter
+from llmgw_twin.control.drain import Drainer
+from llmgw_twin.control.durable import (
+    DeleteQuarantine,
+    DurableState,
+    PutClock,
+    PutSilence,
+)
+from llmgw_twin.control.failures import FailureBook
+from llmgw_twin.control.lifecycle import Lifecycle
+from llmgw_twin.control.model import (
+    Deployment,
+    ModelName,
+    NodeId,
+    NodeInfo,
+    NodeState,
+    Profile,
+    ProfileName,
+    ReplicaId,
+    ReplicaState,
+    ShardSpec,
+    Timings,
+)
+from llmgw_twin.control.nodes import NodeRegistry
+from llmgw_twin.control.operator import Operator
+from llmgw_twin.control.outbox import Outbox
+from llmgw_twin.control.placement import CapacityIndex
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ApplyProfile,
+    AssignShards,
+    ClearFailedGpu,
+    ClearQuarantine,
+    ControllerCommand,
+    ControllerEvent,
+    ControllerLagged,
+    CordonNode,
+    DrainNode,
+    Heartbeat,
+    NodeRegistered,
+    RemoveDeployment,
+    RequestReport,
+    Step,
+)
+from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
+from llmgw_twin.control.reports import ShardReports
+
+QUIET_STEP = Step()
+"""What a heartbeat that changes nothing but its node's last-seen time returns: the same empty
+step every time, so a shell can tell it at the cost of one identity test."""
+
+
+class Controller:
+    """The controller core, composed of parts that own their state: the node registry (health,
+    the mass-loss guard), the capacity index, the replica table, the node assignments, the
+    failure book, the outbox, and the replica lifecycle that works on them. What is left here is
+    the routing of inputs, the reading of shard reports, restore and adoption."""
+
+    def __init__(self, timings: Timings, restored: DurableState | None = None) -> None:
+        self.timings = timings
+        self._restored = restored
+        self._capacity = CapacityIndex()
+        self._out = Outbox()
+        self._replicas = ReplicaTable()
+        self._assignments = Assignments()
+        self._profiles: dict[ProfileName, Profile] = {}
+        self._deployments: dict[ModelName, Deployment] = {}
+        self._failures = FailureBook(timings)
+        self._fleet = NodeRegistry(
+            timings, self._capacity, self._assignments, self._replicas, self._failures, self._out
+        )
+        self._life = Lifecycle(
+            self._replicas,
+            self._assignments,
+            self._capacity,
+            self._profiles,
+            self._deployments,
+            self._out,
+            timings,
+            self._failures,
+            self._fleet.node_ok,
+            self._fleet.counts,
+        )
+        self._fleet.life = self._life
+        self._defrag = Defragmenter(
+            self._life, self._fleet.node_ok, lambda: not self._fleet.guard.held
+        )
+        self._drain = Drainer(self._life, self._defrag, self._fleet.node_ok)
+        self._reports = ShardReports(self._replicas, self._assignments, self._life, self._out)
+        self._operator = Operator(
+            self._life, self._profiles, self._deployments, self._failures, self._drain
+        )
+        self._clock_written_ms: int | None = None
+        self._due_ms: int | None = None
+        """When the next reconcile is due: the reconciles keep the phase `start` gave them."""
+        self._started_reported = True  # start() arms the controller.started report
+        self._restored_count = 0
+        self._adopted_count = 0
+
+    # --- read-only views (for shells, the router and the twin's checkers) ---------------------
+
+    @property
+    def reconcile_due_ms(self) -> int | None:
+        """When the next reconcile is due (None before `start`)."""
+        return self._due_ms
+
+    def node_state(self, node: NodeId) -> NodeState | None:
+        return self._fleet.health.state(node)
+
+    def node_info(self, node: NodeId) -> NodeInfo | None:
+        return self._fleet.infos.get(node)
+
+    def nodes(self) -> list[NodeId]:
+        return sorted(self._fleet.infos)
+
+    def replica(self, rid: ReplicaId) -> ReplicaRecord | None:
+        return self._replicas.get(rid)
+
+    def replicas(self) -> list[ReplicaRecord]:
+        return self._replicas.sorted()
+
+    def live_replicas(self, model: ModelName) -> list[ReplicaRecord]:
+        return self._replicas.live(model)
+
+    def ready_replicas(self, model: ModelName) -> list[ReplicaRecord]:
+        return [r for r in self.live_replicas(model) if r.state is ReplicaState.READY]
+
+    def assigned(self, node: NodeId) -> tuple[ShardSpec, ...]:
+        return self._assignments.of(node)
+
+    def replicas_on(self, node: NodeId) -> list[ReplicaId]:
+        return self._assignments.replicas_on(node)
+
+    def deployments(self) -> list[Deployment]:
+        return [self._deployments[m] for m in sorted(self._deployments)]
+
+    def held(self) -> bool:
+        """The mass-loss guard holds: the controller takes the fleet's silence for its own."""
+        return self._fleet.guard.held
+
+    def failed_gpus(self, node: NodeId) -> tuple[int, ...]:
+        return self._capacity.failed_gpus(node)
+
+    def booked_gpus(self, node: NodeId) -> tuple[int, ...]:
+        """GPUs of `node` held by a replica, or for one a defragmentation is making room for."""
+        return self._capacity.booked_gpus(node) if self._capacity.has_node(node) else ()
+
+    def quarantines(self) -> list[tuple[NodeId, ProfileName, int, str]]:
+        rows = self._failures.quarantines
+        return [(q.node, q.profile, q.until_ms, q.reason) for _, q in sorted(rows.items())]
+
+    def link_up(self, node: NodeId) -> bool:
+        return self._capacity.link_up(node)
+
+    def moves(self) -> dict[ReplicaId, ReplicaId]:
+        """Defragmentation moves in flight: new copy -> the replica it replaces."""
+        return self._defrag.in_flight
+
+    def held_gpus(self) -> dict[NodeId, tuple[int, ...]]:
+        """GPUs a defragmentation holds for the replica it makes room for, per node."""
+        return self._defrag.held
+
+    @property
+    def drains(self) -> Drainer:
+        """Cordoned and draining nodes, and the drain moves in flight (read-only by convention)."""
+        return self._drain
+
+    @property
+    def capacity(self) -> CapacityIndex:
+        """Free, booked and failed GPUs per node (read-only by convention: `explain` reads it)."""
+        return self._capacity
+
+    def pending_ids(self) -> list[ReplicaId]:
+        return list(self._replicas.pending)
+
+    def heard(self, node: NodeId) -> bool:
+        """Heard from since this controller started."""
+        return node in self._fleet.heard_nodes
+
+    def excluded(self, profile: Profile) -> frozenset[NodeId]:
+        """Nodes a new replica of `profile` must not use now (quarantined, or not heard since
+        a failure)."""
+        return self._failures.excluded(profile.name)
+
+    def profile(self, name: ProfileName) -> Profile | None:
+        return self._profiles.get(name)
+
+    # --- bulk heartbeats: a shell that accounts for quiet heartbeats itself (the twin) --------
+
+    def settled(self, node: NodeId) -> bool:
+        """Nothing here waits on the node's next heartbeat (see `NodeRegistry.settled`)."""
+        return self._fleet.settled(node)
+
+    def dirty_nodes(self) -> set[NodeId]:
+        """Nodes whose assignment changed since the last tick (read-only by convention)."""
+        return self._assignments.dirty
+
+    def coast(self, node: NodeId) -> None:
+        self._fleet.health.coast(node)
+
+    def land(self, node: NodeId, last_seen_ms: int) -> None:
+        self._fleet.health.land(node, last_seen_ms)
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def handle(self, event: ControllerEvent, now_ms: int) -> Step:
+        self._out.now_ms = now_ms
+        match event:
+            case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
+                self._fleet.register(info, now_ms, incarnation)
+                self._fleet.link(info.node, event.fabric_up)
+                self._fleet.gpus_failed(info.node, event.failed_gpus)
+                self._reports.observe(info.node, shards)
+            case Heartbeat(node=node, shards=shards):
+                if node not in self._fleet.infos:
+                    # unknown here (registered while this controller was down, say)
+                    return Step(commands=(RequestReport(node),))
+                if self._fleet.hear_quiet(
+                    node, now_ms, event.fabric_up, event.failed_gpus
+                ) and self._assignments.unchanged(node, shards):
+                    return QUIET_STEP  # the usual heartbeat: nothing else to record or decide
+                self._fleet.hear(node, now_ms)
+                self._fleet.link(node, event.fabric_up)
+                self._fleet.gpus_failed(node, event.failed_gpus)
+                self._reports.observe(node, shards)
+            case (
+                ApplyProfile()
+                | ApplyDeployment()
+                | ClearFailedGpu()
+                | ClearQuarantine()
+                | RemoveDeployment()
+                | CordonNode()
+                | DrainNode()
+            ):
+                self._operator.handle(event)
+            case ControllerLagged(lag_ms=lag_ms):
+                if lag_ms <= 0:
+                    raise ValueError("a lag is a positive number of milliseconds")
+                self._fleet.health.forgive(lag_ms, now_ms)
+                self._out.emit("controller.lagged", lag_ms=lag_ms)
+            case _:
+                assert_never(event)
+        return self._out.flush()
+
+    def start(self, now_ms: int) -> Step:
+        """The controller process came up. It restores what its store holds, asks every known
+        agent to report now, and reconciles first one interval later: agents have that long to
+        register or answer before anything is judged unplaceable or short of a shard. The
+        reconciles keep that phase (`_next_due`)."""
+        self._out.now_ms = now_ms
+        self._due_ms = now_ms + self.timings.reconcile_interval_ms
+        self._started_reported = False
+        commands: list[ControllerCommand] = []
+        if self._restored is not None:
+            self._restore(self._restored, now_ms)
+            commands = [RequestReport(n) for n in sorted(self._fleet.infos)]
+        return self._out.flush(tuple(commands), wake_at_ms=self._due_ms)
+
+    def _restore(self, state: DurableState, now_ms: int) -> None:
+        self._profiles.update({p.name: p for p in state.profiles})
+        for dep in state.deployments:
+            self._deployments[dep.model] = dep
+            self._replicas.track_model(dep.model)
+        self._replicas.seqs.update(state.seqs)
+        silent = dict(state.silent)
+        # silence is counted from the last time a controller heard the node (or, if it was not
+        # marked silent, from the last time a controller ran): restarts never reset it
+        clock = min(state.clock_ms, now_ms) if state.clock_ms > 0 else now_ms
+        seen = {n.node: min(silent.get(n.node, clock), now_ms) for n in state.nodes}
+        for info in state.nodes:
+            self._fleet.infos[info.node] = info
+            self._capacity.add_node(info)  # not schedulable until heard from
+            self._assignments.track(info.node)
+        lost_after = self.timings.node_lost_after_ms
+        for node in sorted(seen, key=lambda n: (seen[n], n)):
+            # silent past the lost window while a controller still ran: declared lost then
+            was_lost = node in silent and clock - silent[node] >= lost_after
+            self._fleet.health.restore(node, seen[node], was_lost)
+            if silent.get(node) != seen[node]:
+                self._out.write(PutSilence(node, seen[node]))
+            self._fleet.silence_marked.add(node)
+        for node, gpu in state.failed_gpus:
+            if self._capacity.has_node(node):
+                self._capacity.fail_gpu(node, gpu)
+        self._failures.restore(state.quarantines)
+        self._drain.restore(state.cordons)
+        for row in state.replicas:
+            profile = self._profiles[row.profile]
+            rec = ReplicaRecord(row.id, row.model, profile, row.seq, row.created_ms)
+            rec.state, rec.fabric, rec.specs = ReplicaState.ADOPTING, row.fabric, row.specs
+            rec.layout_shards = row.shard_count
+            self._replicas.add(rec)
+            for spec in row.specs:
+                self._capacity.book(spec.node, spec.gpus)
+                self._assignments.restore(spec)
+        self._restored_count = len(state.replicas)
+
+    def tick(self, now_ms: int) -> Step:
+        """One reconcile pass over what changed since the last one."""
+        self._out.now_ms = now_ms
+        for change in self._fleet.health.expire_suspect(now_ms):
+            self._fleet.on_health(change)
+        self._fleet.judge_mass_loss(now_ms)
+        if not self._fleet.guard.held:
+            for change in self._fleet.health.expire_lost(now_ms):
+                self._fleet.on_health(change)
+                # the store's clock says a controller ran past this loss: a successor restores
+                # the node lost, and does not declare it lost a second time
+                self._clock_written_ms = None
+        self._fleet.forget_long_lost(now_ms)
+        for q in self._failures.expired(now_ms):
+            self._out.write(DeleteQuarantine(q.node, q.profile))
+            self._out.emit("node.unquarantined", node=q.node, profile=q.profile, reason="expired")
+            self._life.placement_due = True
+        for rid in sorted(self._replicas.adopting):
+            if rid in self._replicas.adopting:  # a failure earlier in this pass may have reaped it
+                self._try_adopt(self._replicas[rid])
+        if not self._started_reported:
+            self._started_reported = True
+            self._out.emit(
+                "controller.started",
+                adopted=self._adopted_count,
+                restored=self._restored_count,
+            )
+        self._life.run_timers()
+        dirty = self._replicas.dirty
+        for rid in sorted(dirty):
+            if rid in dirty:
+                self._life.reconcile_replica(rid)
+        dirty.clear()
+        if self._replicas.dirty_models:
+            self._drain.relink()
+        for model in sorted(self._replicas.dirty_models):
+            self._life.reconcile_deployment(model)
+        self._replicas.dirty_models.clear()
+        self._drain.run()
+        if self._replicas.pending and self._life.placement_due:
+            self._life.place_pending()
+            self._defrag.due = True
+        self._life.placement_due = False
+        self._defrag.settle()
+        if self._replicas.pending:
+            self._defrag.run()
+        commands: list[ControllerCommand] = []
+        for node in self._assignments.take_dirty():
+            if self._fleet.health.state(node) in (NodeState.ALIVE, NodeState.SUSPECT):
+                commands.append(AssignShards(node, self.assigned(node)))
+        written = self._clock_written_ms
+        if written is None or now_ms - written >= self.timings.heartbeat_interval_ms:
+            self._clock_written_ms = now_ms
+            self._out.write(PutClock(now_ms))
+        return self._out.flush(tuple(commands), wake_at_ms=self._next_due(now_ms))
+
+    def _next_due(self, now_ms: int) -> int:
+        """The reconcile after the one at `now_ms`, on the grid `start` set: a late reconcile
+        (a busy host) does not move the later ones, and one later than a whole interval skips
+        the instants it missed rather than running them all at once."""
+        interval = self.timings.reconcile_interval_ms
+        due = now_ms if self._due_ms is None else self._due_ms
+        if now_ms >= due:
+            due += interval * (1 + (now_ms - due) // interval)
+        self._due_ms = due
+        return due
+
+    # --- adoption ----------------------------------------------------------------------------
+
+    def _try_adopt(self, rec: ReplicaRecord) -> None:
+        """Decide a restored replica once every node it was placed on has spoken."""
+        adopting = self._replicas.adopting
+        if not rec.state.live:
+            adopting.discard(rec.id)
+            return
+        lost = [s.node for s in rec.specs if self._fleet.health.state(s.node) is NodeState.LOST]
+        if lost:
+            self._life.fail(rec, f"node {lost[0]} lost", lost[0])
+            return
+        if any(spec.node not in self._fleet.heard_nodes for spec in rec.specs):
+            return  # wait: an unheard node is declared lost after its silence, failing this
+        adopting.discard(rec.id)
+        missing = [s for s in rec.specs if s.rank not in rec.reports]
+        if missing or len(rec.specs) != rec.shard_count:
+            where = ", ".join(f"{s.rank} on {s.node}" for s in missing)
+            node = missing[0].node if missing else None
+            self._life.fail(rec, f"short of shard {where} after restart", node)
+            return
+        ready = rec.whole()
+        rec.move(ReplicaState.READY if ready else ReplicaState.STARTING)
+        rec.endpoint = rec.reports[0].endpoint if ready else None
+        if not ready:
+            self._life.watch_start(rec)
+        self._replicas.dirty_models.add(rec.model)  # counted again, if it was not
+        self._adopted_count += 1
+        self._out.emit(
+            "replica.adopted",
+            model=rec.model,
+            replica=rec.id,
+            fabric=rec.fabric,
+            nodes=rec.nodes,
+            ready=ready,
+            endpoint=rec.routed_endpoint,
+        )

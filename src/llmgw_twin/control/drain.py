@@ -1,0 +1,233 @@
+"""Cordon and drain: the operator's word on a node's placement.
+
+A cordoned node takes no new shard (`CapacityIndex.set_cordoned`); what it runs keeps running,
+its health is watched as before, and a restart keeps the cordon (`PutCordon`). Draining a node
+cordons it and moves each replica with a shard on it, make-before-break: a copy of the same
+deployment is created and placed as any pending replica is (so never on a cordoned node); it does
+not count toward the deployment while its original lives; once the copy is ready and routable
+the original is retired in the same step (`replica.moved`, reason `drain of NODE`), so the
+deployment never has fewer ready replicas than before. A copy that fails is replaced by a new
+copy after the deployment's back-off (the original keeps serving meanwhile); an original that
+fails first leaves its copy as its replacement; one scaled down takes its copy with it. A copy
+that cannot be placed waits, pending, with its reason, and the original stays: `explain` tells
+why. When nothing is left on the node, `node.drained`; it stays cordoned until uncordoned.
+Uncordoning ends the drain: copies not yet placed are retired, placed ones finish their move.
+
+The defragmenter's moves are separate (`defrag.Defragmenter`); both are seen by the lifecycle
+through one `MoveHooks` (`Drainer` passes on what is not its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llmgw_twin.control.defrag import Defragmenter, can_take_over, take_over
+from llmgw_twin.control.durable import DeleteCordon, PutCordon
+from llmgw_twin.control.lifecycle import Lifecycle
+from llmgw_twin.control.model import NodeId, ReplicaId, ReplicaState
+from llmgw_twin.control.replicas import ReplicaRecord
+
+
+class Drainer:
+    """Cordoned and draining nodes, and the drain moves in flight (see the module's text)."""
+
+    def __init__(
+        self, life: Lifecycle, defrag: Defragmenter, node_ok: Callable[[NodeId], bool]
+    ) -> None:
+        self._life = life
+        self._defrag = defrag
+        self._node_ok = node_ok
+        """Alive and heard: a copy on such nodes only may take its original's place."""
+        self._draining: dict[NodeId, bool] = {}  # node -> drained (announced) yet
+        self._copies: dict[ReplicaId, tuple[ReplicaId, NodeId]] = {}  # copy -> original, node
+        self._originals: dict[ReplicaId, ReplicaId] = {}  # original -> copy
+        life.moves = self
+        life.draining = self._draining.__contains__
+
+    # --- the operator's word -----------------------------------------------------------------
+
+    def cordoned(self) -> frozenset[NodeId]:
+        return self._life.capacity.cordoned()
+
+    def draining(self) -> frozenset[NodeId]:
+        return frozenset(self._draining)
+
+    def drained(self, node: NodeId) -> bool:
+        return self._draining.get(node, False)
+
+    def copy_of(self, rid: ReplicaId) -> ReplicaId | None:
+        """The drain copy being made of `rid`, if any."""
+        return self._originals.get(rid)
+
+    def cordon(self, node: NodeId) -> bool:
+        """Returns whether that is news."""
+        if not self._life.capacity.set_cordoned(node, True):
+            return False
+        self._life.out.write(PutCordon(node, draining=False))
+        self._life.out.emit("node.cordoned", node=node)
+        return True
+
+    def uncordon(self, node: NodeId) -> bool:
+        if not self._life.capacity.set_cordoned(node, False):
+            return False
+        self._draining.pop(node, None)
+        for copy, (original, from_node) in sorted(self._copies.items()):
+            rec = self._life.replicas[copy]
+            if from_node == node and not rec.placed:
+                self._forget(copy, original)
+                self._life.reap(rec, f"drain of {node} ended")
+        self._life.out.write(DeleteCordon(node))
+        self._life.out.emit("node.uncordoned", node=node)
+        self._life.placement_due = True
+        return True
+
+    def drain(self, node: NodeId) -> bool:
+        """Returns whether that is news (a node already draining is not)."""
+        if node in self._draining:
+            return False
+        self._life.capacity.set_cordoned(node, True)
+        self._draining[node] = False
+        self._life.out.write(PutCordon(node, draining=True))
+        self._life.out.emit("node.draining", node=node)
+        return True
+
+    def restore(self, cordons: tuple[tuple[NodeId, bool], ...]) -> None:
+        for node, draining in cordons:
+            self._life.capacity.set_cordoned(node, True)
+            if draining:
+                self._draining[node] = False
+
+    # --- each tick ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Start a copy for each replica on a draining node that has none, complete the moves
+        whose copy is ready, and announce a node left empty. Its cost is the replicas on
+        draining nodes, not the fleet."""
+        if not self._draining:
+            return
+        self.settle()
+        life = self._life
+        for node in sorted(self._draining):
+            left = [r for r in life.assignments.replicas_on(node) if life.replicas[r].state.live]
+            if not left:
+                if not self._draining[node]:
+                    self._draining[node] = True
+                    life.out.emit("node.drained", node=node)
+                continue
+            self._draining[node] = False
+            for rid in sorted(left):
+                self._start(life.replicas[rid], node)
+
+    def relink(self) -> None:
+        """Before a deployment's count is reconciled: a replica on a draining node with no copy,
+        in a deployment that has more replicas than it wants, takes a surplus replica elsewhere
+        as its copy (the newest first) rather than have one scaled down. A restarted controller,
+        which forgot the moves in flight, adopts both copy and original: this pairs them again,
+        so the copy is not stopped as surplus and the original stops once it is ready."""
+        life = self._life
+        for node in sorted(self._draining):
+            for rid in sorted(life.assignments.replicas_on(node)):
+                rec = life.replicas[rid]
+                if rec.state.live and not self._moving(rec):
+                    self._pair(rec, node)
+
+    def _pair(self, rec: ReplicaRecord, node: NodeId) -> None:
+        life = self._life
+        dep = life.deployments.get(rec.model)
+        if dep is None:
+            return
+        live = life.replicas.live(rec.model)
+        counted = [r for r in live if life.counts(r) and not self.is_copy(r.id)]
+        if len(counted) <= dep.replicas:
+            return
+        spare = [
+            r
+            for r in counted
+            if r.id != rec.id
+            and not self._moving(r)
+            and not any(n in self._draining for n in r.nodes)
+        ]
+        if not spare:
+            return
+        copy = max(spare, key=lambda r: r.seq)
+        self._copies[copy.id] = (rec.id, node)
+        self._originals[rec.id] = copy.id
+        life.out.emit("replica.moving", model=rec.model, replica=rec.id, to=copy.id, drain=node)
+
+    def _moving(self, rec: ReplicaRecord) -> bool:
+        return (
+            rec.id in self._originals
+            or rec.id in self._copies
+            or self._defrag.is_copy(rec.id)
+            or rec.id in self._defrag.in_flight.values()
+        )
+
+    def _start(self, rec: ReplicaRecord, node: NodeId) -> None:
+        life = self._life
+        if self._moving(rec) or rec.state is ReplicaState.ADOPTING:
+            return  # moving already (or still being adopted after a restart: decided then)
+        dep = life.deployments.get(rec.model)
+        if dep is None:
+            return  # its deployment is going: it is retired anyway
+        copy = life.new_replica(dep)
+        self._copies[copy.id] = (rec.id, node)
+        self._originals[rec.id] = copy.id
+        life.out.emit("replica.moving", model=rec.model, replica=rec.id, to=copy.id, drain=node)
+
+    def settle(self) -> None:
+        for copy in sorted(self._copies):
+            rec = self._life.replicas.get(copy)
+            if rec is not None and rec.state is ReplicaState.READY:
+                self._complete(rec)
+
+    def _complete(self, rec: ReplicaRecord) -> None:
+        if not can_take_over(rec, self._node_ok):
+            return
+        original, node = self._copies[rec.id]
+        self._forget(rec.id, original)
+        take_over(self._life, rec, original, f"drain of {node}")
+
+    def _forget(self, copy: ReplicaId, original: ReplicaId) -> None:
+        del self._copies[copy]
+        del self._originals[original]
+
+    # --- `lifecycle.MoveHooks` ---------------------------------------------------------------
+
+    def is_copy(self, rid: ReplicaId) -> bool:
+        return rid in self._copies or self._defrag.is_copy(rid)
+
+    def making_room_for(self, rid: ReplicaId) -> bool:
+        return self._defrag.making_room_for(rid)
+
+    def ready(self, rec: ReplicaRecord) -> None:
+        self._defrag.ready(rec)
+        if rec.id in self._copies:
+            self._complete(rec)
+
+    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
+        self._defrag.gone(rec, scaled_down)
+        mine = self._copies.get(rec.id)
+        if mine is not None:  # the copy never became ready: the original stays; a new copy
+            self._forget(rec.id, mine[0])
+            self._life.out.emit(
+                "replica.move_aborted",
+                model=rec.model,
+                replica=mine[0],
+                to=rec.id,
+                reason=f"{rec.id} gone before the drain move was done",
+            )
+            return
+        copy = self._originals.get(rec.id)
+        if copy is None:
+            return
+        self._forget(copy, rec.id)
+        if scaled_down:
+            self._life.out.emit(
+                "replica.move_aborted",
+                model=rec.model,
+                replica=rec.id,
+                to=copy,
+                reason=f"{rec.id} scaled down",
+            )
+            self._life.reap(self._life.replicas[copy], "scaled down", scaled_down=True)
+        # else the original failed first: its copy now counts, as its replacement

@@ -1,0 +1,401 @@
+"""A replica's lifecycle in the controller core: create, place, bind, mark ready, fail, reap.
+
+`Lifecycle` is one part of the controller, composed of the parts whose state it changes: the
+replica table, the node assignments, the capacity index and the outbox. Every change to where a
+replica lives goes with the durable write that records it (`PutSeq` before an id is handed out,
+`PutReplica` on bind, `DeleteReplica` on reap), so the store always says where every live
+replica is. Every state change goes through `ReplicaRecord.move` (the table in `states.py`).
+
+It also keeps the timers of the lifecycle as data (a heap the controller's tick drains): each
+placed replica's start deadline, each degraded replica's grace, each backed-off replacement's
+earliest placement. Failures feed the `FailureBook`, whose back-off, quarantines and
+not-heard-since nodes shape every later placement.
+
+Invariants: a failed replica is reaped in the same call (its GPUs freed, its shards dropped from
+every node's assignment); a replica leaves the router's view the moment it fails, degrades or
+has a shard on a node turned suspect, and rejoins it when whole and heard again.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from llmgw_twin.control.assignments import Assignments
+from llmgw_twin.control.durable import (
+    DeleteReplica,
+    PutQuarantine,
+    PutReplica,
+    PutSeq,
+    QuarantineRow,
+    ReplicaRow,
+)
+from llmgw_twin.control.failures import FailureBook
+from llmgw_twin.control.model import (
+    RENDEZVOUS_PORT_BASE,
+    Deployment,
+    EngineName,
+    ModelName,
+    NodeId,
+    Profile,
+    ProfileName,
+    ReplicaId,
+    ReplicaState,
+    ShardSpec,
+    Timings,
+)
+from llmgw_twin.control.outbox import Outbox
+from llmgw_twin.control.passes import plan_pass
+from llmgw_twin.control.placement import CapacityIndex, Placement
+from llmgw_twin.control.protocol import RequestReport
+from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
+
+
+class MoveHooks(Protocol):
+    """What the defragmenter must hear of replicas in a move (`defrag.Defragmenter`)."""
+
+    def is_copy(self, rid: ReplicaId) -> bool:
+        """A move's new copy: it does not count toward its deployment while its original lives."""
+        ...
+
+    def making_room_for(self, rid: ReplicaId) -> bool:
+        """Moves under way make room for this pending replica (its room is held meanwhile)."""
+        ...
+
+    def ready(self, rec: ReplicaRecord) -> None: ...
+
+    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None: ...
+
+
+class _NoMoves:
+    def is_copy(self, rid: ReplicaId) -> bool:
+        return False
+
+    def making_room_for(self, rid: ReplicaId) -> bool:
+        return False
+
+    def ready(self, rec: ReplicaRecord) -> None:
+        return None
+
+    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
+        return None
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        replicas: ReplicaTable,
+        assignments: Assignments,
+        capacity: CapacityIndex,
+        profiles: Mapping[ProfileName, Profile],
+        deployments: Mapping[ModelName, Deployment],
+        out: Outbox,
+        timings: Timings,
+        failures: FailureBook,
+        node_ok: Callable[[NodeId], bool],
+        counts: Callable[[ReplicaRecord], bool],
+    ) -> None:
+        self.counts = counts
+        """Whether a live replica counts toward its deployment (see `Controller._counts`)."""
+        self.timings = timings
+        self.failures = failures
+        self.node_ok = node_ok
+        """Whether a node is alive and heard (for choosing which replica to retire)."""
+        self._timers: list[tuple[int, str, ReplicaId]] = []
+        self.replicas = replicas
+        self.assignments = assignments
+        self.capacity = capacity
+        self.profiles = profiles
+        self.deployments = deployments
+        self.out = out
+        self.placement_due = False
+        """Something changed that may let a pending replica fit (capacity or a new replica)."""
+        self.moves: MoveHooks = _NoMoves()
+        self.draining: Callable[[NodeId], bool] = lambda _node: False
+        """The operator is draining this node (`drain.Drainer`): its replicas go first."""
+
+    def reconcile_replica(self, rid: ReplicaId) -> None:
+        rec = self.replicas[rid]
+        if not rec.state.live or not rec.placed:
+            return
+        if rec.state is ReplicaState.PLACED and rec.reports:
+            rec.move(ReplicaState.STARTING)
+        if rec.state in (ReplicaState.PLACED, ReplicaState.STARTING) and rec.whole():
+            rec.move(ReplicaState.READY)
+            self.replicas.unready.pop(rec.id, None)
+            rec.endpoint = rec.reports[0].endpoint
+            self.out.emit(
+                "replica.ready",
+                model=rec.model,
+                replica=rec.id,
+                fabric=rec.fabric,
+                nodes=rec.nodes,
+                endpoint=rec.routed_endpoint,
+            )
+            self.moves.ready(rec)
+
+    def fail(
+        self,
+        rec: ReplicaRecord,
+        reason: str,
+        node: NodeId | None,
+        crash: bool = False,
+        blamed: tuple[NodeId, ...] | None = None,
+        reporter: NodeId | None = None,
+    ) -> None:
+        """Fail a replica that is whole no more, and reap it in the same step. `crash`: the
+        replica itself failed (an engine exit, a missed start deadline, a hung leader), which
+        counts toward back-off and, against `blamed` (default: `node`), toward quarantine."""
+        if not rec.state.live:
+            return
+        if blamed is None:
+            blamed = (node,) if node is not None else ()
+        started = self.failures.replica_failed(
+            rec.model, rec.profile.name, blamed, rec.nodes, self.out.now_ms, crash, reporter
+        )
+        for n in rec.nodes if crash else ():
+            if n != reporter and self.node_ok(n):
+                # is it still there? a replacement avoids it until it answers
+                self.out.command(RequestReport(n))
+        rec.move(ReplicaState.FAILED)
+        rec.endpoint = None
+        self.out.emit(
+            "replica.failed",
+            model=rec.model,
+            replica=rec.id,
+            fabric=rec.fabric,
+            node=node,
+            reason=reason,
+        )
+        self.reap(rec, reason)
+        self._announce(started)
+
+    def reap(self, rec: ReplicaRecord, reason: str, scaled_down: bool = False) -> None:
+        """Drop the replica's shards from every node's assignment and free its GPUs."""
+        rec.move(ReplicaState.REAPED)
+        rec.endpoint = None
+        self.replicas.reaped(rec)
+        for spec in rec.specs:
+            self.assignments.drop(spec)
+            self.capacity.release(spec.node, spec.gpus)
+        if rec.placed:
+            self.placement_due = True
+            self.out.write(DeleteReplica(rec.id))
+        self.out.emit(
+            "replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason
+        )
+        self.moves.gone(rec, scaled_down)
+
+    def reconcile_deployment(self, model: ModelName) -> None:
+        dep = self.deployments.get(model)
+        want = dep.replicas if dep is not None else 0
+        counted = [
+            r for r in self.replicas.live(model) if self.counts(r) and not self.moves.is_copy(r.id)
+        ]
+        while len(counted) < want and dep is not None:
+            counted.append(self.new_replica(dep))
+        while len(counted) > want:
+            # retire the least useful one at a time: one with a shard on a node not heard as
+            # alive, then unplaced, then not ready, then on a node being drained, then from the
+            # fabric holding the most replicas of this model, then the newest
+            per_fabric = self.replicas.per_fabric(model)
+            victim = min(
+                counted,
+                key=lambda r: (
+                    all(self.node_ok(n) for n in r.nodes),
+                    r.placed,
+                    r.state is ReplicaState.READY,
+                    not any(self.draining(n) for n in r.nodes),
+                    -per_fabric.get(r.fabric, 0) if r.fabric is not None else 0,
+                    -r.seq,
+                ),
+            )
+            self.reap(victim, "scaled down", scaled_down=True)
+            counted.remove(victim)
+
+    def new_replica(self, dep: Deployment) -> ReplicaRecord:
+        rec = self.new_record(dep.model, self.profiles[dep.profile])
+        now = self.out.now_ms
+        delay = self.failures.backoff_ms(dep.model, now)
+        if delay > 0:
+            rec.not_before_ms = now + delay
+            heapq.heappush(self._timers, (rec.not_before_ms, "backoff", rec.id))
+            self.out.emit("replica.backoff", model=dep.model, replica=rec.id, delay_ms=delay)
+        return rec
+
+    def new_record(self, model: ModelName, profile: Profile) -> ReplicaRecord:
+        """A new pending replica of `model`, its id recorded durably first."""
+        rid, seq = self.replicas.next_id(model)
+        self.out.write(PutSeq(model, seq))
+        rec = ReplicaRecord(rid, model, profile, seq, self.out.now_ms)
+        self.replicas.add(rec)
+        self.placement_due = True  # a new replica is a reason to try placing
+        return rec
+
+    def place_pending(self) -> None:
+        """Place the whole pending set at once (`passes.plan_pass`): the largest replicas first,
+        each where it leaves the most room for the rest; model names only break the last ties."""
+        now = self.out.now_ms
+        todo = [
+            r for rid in self.replicas.pending if (r := self.replicas[rid]).not_before_ms <= now
+        ]
+        for rec, result in plan_pass(self.capacity, todo, self.replicas, self.failures.excluded):
+            if isinstance(result, Placement):
+                self.bind(rec, result)
+            elif result.reason != rec.unplaceable_reason and not self.moves.making_room_for(rec.id):
+                # (while moves make its room, its reason only says the room is held: not news)
+                rec.unplaceable_reason = result.reason
+                self.out.emit(
+                    "replica.unplaceable", model=rec.model, replica=rec.id, reason=result.reason
+                )
+
+    def bind(self, rec: ReplicaRecord, placement: Placement) -> None:
+        profile = rec.profile
+        specs = tuple(
+            ShardSpec(
+                replica=rec.id,
+                model=rec.model,
+                profile=profile.name,
+                engine=EngineName(profile.engine),
+                model_path=profile.model,
+                rank=rank,
+                shard_count=profile.nodes,
+                node=node,
+                gpus=gpus,
+                leader=placement.nodes[0],
+                nodes=placement.nodes,
+                rendezvous_port=RENDEZVOUS_PORT_BASE + placement.gpus[0][0],
+                rank_ports=tuple(RENDEZVOUS_PORT_BASE + g[0] for g in placement.gpus),
+                load_time_ms=profile.load_time_ms,
+                args=profile.args,
+            )
+            for rank, (node, gpus) in enumerate(zip(placement.nodes, placement.gpus, strict=True))
+        )
+        for spec in specs:
+            self.capacity.book(spec.node, spec.gpus)
+            self.assignments.add(spec)
+        rec.specs = specs
+        rec.fabric = placement.fabric
+        rec.move(ReplicaState.PLACED)
+        rec.unplaceable_reason = None
+        self.replicas.placed(rec)
+        self.watch_start(rec)
+        self.out.write(
+            PutReplica(
+                ReplicaRow(
+                    rec.id,
+                    rec.model,
+                    profile.name,
+                    rec.seq,
+                    rec.created_ms,
+                    placement.fabric,
+                    rec.shard_count,
+                    specs,
+                )
+            )
+        )
+        self.out.emit(
+            "replica.placed",
+            model=rec.model,
+            replica=rec.id,
+            fabric=placement.fabric,
+            nodes=placement.nodes,
+        )
+
+    # --- timers ------------------------------------------------------------------------------
+
+    def watch_start(self, rec: ReplicaRecord) -> None:
+        """Arm the replica's start deadline (from now: placement, or adoption while loading)."""
+        self.replicas.unready[rec.id] = None
+        deadline = self.out.now_ms + self.timings.start_deadline_ms(rec.profile)
+        heapq.heappush(self._timers, (deadline, "start", rec.id))
+
+    def run_timers(self) -> None:
+        """Act on every timer that is due: missed start deadlines, degraded replicas past their
+        grace, back-offs that ended."""
+        now = self.out.now_ms
+        while self._timers and self._timers[0][0] <= now:
+            _, kind, rid = heapq.heappop(self._timers)
+            rec = self.replicas.get(rid)
+            if rec is None or not rec.state.live:
+                continue
+            if kind == "start" and rid in self.replicas.unready:
+                limit = self.timings.start_deadline_ms(rec.profile)
+                reason = f"not ready within {limit // 1000}s"
+                self.fail(rec, reason, None, crash=True, blamed=rec.nodes)
+                self._quarantine_nodes(rec, reason)
+            elif kind == "degraded" and rec.state is ReplicaState.DEGRADED:
+                if now - rec.degraded_since_ms >= self.timings.unresponsive_grace_ms:
+                    leader = rec.nodes[0]
+                    reason = f"leader on {leader} not answering for {self._grace_s()}s"
+                    self.fail(rec, reason, leader, crash=True)
+            elif kind == "backoff" and rec.state is ReplicaState.PENDING:
+                self.placement_due = True
+
+    def _grace_s(self) -> int:
+        return self.timings.unresponsive_grace_ms // 1000
+
+    def _quarantine_nodes(self, rec: ReplicaRecord, reason: str) -> None:
+        """A replica that could not become ready keeps its profile off the nodes it tried."""
+        rows = self.failures.quarantine(
+            rec.nodes, rec.profile.name, self.out.now_ms, f"{rec.id} {reason}"
+        )
+        self._announce(rows)
+
+    def _announce(self, quarantines: list[QuarantineRow]) -> None:
+        """Quarantines just begun: kept in the store, and said in the trace."""
+        for q in quarantines:
+            self.out.write(PutQuarantine(q))
+            self.out.emit(
+                "node.quarantined",
+                node=q.node,
+                profile=q.profile,
+                reason=q.reason,
+                until_ms=q.until_ms,
+            )
+
+    # --- readiness both ways -----------------------------------------------------------------
+
+    def degrade(self, rec: ReplicaRecord, reason: str) -> None:
+        """A ready replica's leader stopped answering: out of routing now, failed after the
+        grace unless it answers again."""
+        rec.move(ReplicaState.DEGRADED)
+        rec.degraded_since_ms = self.out.now_ms
+        rec.endpoint = None
+        grace_end = self.out.now_ms + self.timings.unresponsive_grace_ms
+        heapq.heappush(self._timers, (grace_end, "degraded", rec.id))
+        self.out.emit("replica.degraded", model=rec.model, replica=rec.id, reason=reason)
+
+    def recover(self, rec: ReplicaRecord, endpoint: str | None) -> None:
+        rec.move(ReplicaState.READY)
+        rec.endpoint = endpoint
+        self.out.emit(
+            "replica.recovered",
+            model=rec.model,
+            replica=rec.id,
+            endpoint=rec.routed_endpoint,
+        )
+
+    def unroute(self, rec: ReplicaRecord, node: NodeId) -> None:
+        """`node` (which holds a shard of `rec`) turned suspect."""
+        was = rec.unroutable
+        rec.unroutable = was | {node}
+        if not was and rec.state is ReplicaState.READY:
+            self.out.emit(
+                "replica.unroutable", model=rec.model, replica=rec.id, reason=f"node {node} suspect"
+            )
+
+    def reroute(self, rec: ReplicaRecord, node: NodeId | None, reason: str) -> None:
+        """`node` was heard again (None: every node, as a mass-loss hold keeps routes)."""
+        if not rec.unroutable:
+            return
+        rec.unroutable = frozenset() if node is None else rec.unroutable - {node}
+        if not rec.unroutable and rec.state is ReplicaState.READY:
+            self.out.emit(
+                "replica.routable",
+                model=rec.model,
+                replica=rec.id,
+                endpoint=rec.endpoint,
+                reason=reason,
+            )

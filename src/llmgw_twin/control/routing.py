@@ -1,0 +1,299 @@
+"""Which ready replica serves a request: the routing core, shared by every router.
+
+The router keeps its own table of routable replicas per model, fed by the controller's event
+stream alone, the way a router process beside the controller follows it: an event of `JOINS`
+with a leader `endpoint` adds the replica (`replica.ready`, `replica.adopted` of a serving
+replica, `replica.recovered`, `replica.routable`); one of `LEAVES` removes it (`replica.failed`,
+`replica.reaped`, `replica.degraded`, `replica.unroutable`), and so does a join that carries no
+endpoint or says `ready: false` (a replica adopted while not serving, one recovered while a node
+of it is suspect): the controller has just said it is not routable. The controller emits those
+in the very step in which a replica stops being routable (a node of it suspect or lost, a shard
+lost, its leader unhealthy, the replica reaped), so a router that applies a step's events
+applies the change in that step.
+
+A router that lost the stream and finds a new controller process (`resync`) takes that
+controller's snapshot: ready replicas join, replicas gone from it leave, and a replica the new
+controller has restored but not yet judged (`adopting`) keeps the entry the router had: it was
+serving when the old controller last spoke, and the new one will say `adopted` or `failed`.
+
+Picking (`pick`): among the model's routable replicas that are neither ejected nor at the
+outstanding limit, the one with the fewest requests in flight; ties go to the replica picked
+least recently (one never picked first, then the smallest id), so a run is deterministic and
+sequential traffic still takes turns. Passive ejection works without the controller: a
+replica whose requests fail `Ejection.failures` times in a row leaves the pick for a back-off
+that doubles at each ejection in a row (up to `max_ms`); back from one, its first failure ejects
+it again; a success clears its record. The caller tells the outcome of every pick (`finished`).
+
+Pure: times are integer milliseconds handed in by the shell.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from llmgw_twin.control.model import ModelName, ReplicaId, ReplicaState, TraceEvent
+from llmgw_twin.control.replicas import ReplicaRecord
+
+JOINS = frozenset({"replica.ready", "replica.adopted", "replica.recovered", "replica.routable"})
+LEAVES = frozenset({"replica.failed", "replica.reaped", "replica.degraded", "replica.unroutable"})
+FEED_KINDS = JOINS | LEAVES
+"""The event kinds a router needs from the controller's stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    replica: ReplicaId
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ejection:
+    """Passive ejection: `failures` consecutive failed requests eject a replica for `base_ms`,
+    doubled at each ejection in a row, at most `max_ms`."""
+
+    failures: int = 3
+    base_ms: int = 5_000
+    max_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if self.failures < 1 or self.base_ms < 1 or self.max_ms < self.base_ms:
+            raise ValueError(
+                "ejection: failures and base_ms must be at least 1, max_ms at least base_ms"
+            )
+
+    def backoff_ms(self, level: int) -> int:
+        return min(self.base_ms << min(level, 30), self.max_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterTimeouts:
+    """How long a router waits on a replica: to connect, for the first byte of its answer, and
+    between two chunks of a streamed answer. The service's defaults, and the twin's."""
+
+    connect_ms: int = 2_000
+    first_byte_ms: int = 120_000
+    between_chunks_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if min(self.connect_ms, self.first_byte_ms, self.between_chunks_ms) < 1:
+            raise ValueError("router timeouts must be at least 1 ms")
+
+
+class SnapshotState(StrEnum):
+    READY = "ready"  # routable now, at `endpoint`
+    ADOPTING = "adopting"  # restored by a new controller, not yet judged
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotEntry:
+    """One replica in a controller's routing snapshot."""
+
+    model: ModelName
+    replica: ReplicaId
+    state: SnapshotState
+    endpoint: str | None = None
+
+
+def snapshot_of(records: Iterable[ReplicaRecord]) -> tuple[SnapshotEntry, ...]:
+    """What a controller tells a router that (re)joins its stream: its routable replicas, and
+    the ones it restored and has not judged yet. Every other replica is out of routing."""
+    out = []
+    for rec in records:
+        if rec.state is ReplicaState.READY and rec.routed_endpoint is not None:
+            out.append(SnapshotEntry(rec.model, rec.id, SnapshotState.READY, rec.routed_endpoint))
+        elif rec.state is ReplicaState.ADOPTING:
+            out.append(SnapshotEntry(rec.model, rec.id, SnapshotState.ADOPTING, rec.endpoint))
+    out.sort(key=lambda e: e.replica)
+    return tuple(out)
+
+
+class NoRoute(StrEnum):
+    """Why `pick` found nothing."""
+
+    NO_REPLICA = "no_ready_replica"  # the table holds no routable replica of the model
+    EJECTED = "all_ejected"  # every routable replica failed recently and waits out its back-off
+    BUSY = "all_busy"  # every other routable replica is at its outstanding limit
+
+
+@dataclass(slots=True)
+class _Health:
+    """What the router knows of one replica's requests."""
+
+    outstanding: int = 0
+    last_pick: int = -1  # the router's pick number of its latest pick
+    failures: int = 0  # consecutive
+    level: int = 0  # ejections in a row
+    ejected_until: int | None = None
+
+
+@dataclass(slots=True)
+class _Model:
+    endpoints: dict[ReplicaId, str] = field(default_factory=dict)
+    order: list[ReplicaId] = field(default_factory=list)  # sorted ids
+
+
+class Router:
+    def __init__(self, ejection: Ejection | None = None, outstanding_limit: int | None = None):
+        if outstanding_limit is not None and outstanding_limit < 1:
+            raise ValueError("outstanding_limit must be at least 1")
+        self.ejection = ejection or Ejection()
+        self.outstanding_limit = outstanding_limit
+        self._models: dict[ModelName, _Model] = {}
+        self._model_of: dict[ReplicaId, ModelName] = {}
+        self._health: dict[ReplicaId, _Health] = {}
+        self._picks = 0
+        self.ejections = 0
+        """Ejections so far (every model)."""
+
+    # --- the table, from the controller --------------------------------------------------------
+
+    def follow(self, event: TraceEvent) -> None:
+        """Apply one controller event."""
+        if event.kind not in FEED_KINDS:
+            return
+        model, replica = event.get("model"), event.get("replica")
+        endpoint = event.get("endpoint")
+        if not isinstance(model, str) or not isinstance(replica, str):
+            return
+        rid = ReplicaId(replica)
+        if event.kind in JOINS and isinstance(endpoint, str) and event.get("ready") is not False:
+            self._join(ModelName(model), rid, endpoint)
+        else:  # a leave, or a join that says it is not routable (adopted not ready, say)
+            self._leave(rid)
+
+    def resync(self, snapshot: Iterable[SnapshotEntry]) -> None:
+        """Take a (new) controller's snapshot: ready replicas join, adopting ones keep the entry
+        this router had, and every other replica leaves."""
+        keep: dict[ReplicaId, tuple[ModelName, str]] = {}
+        for entry in snapshot:
+            if entry.state is SnapshotState.READY and entry.endpoint is not None:
+                keep[entry.replica] = (entry.model, entry.endpoint)
+            elif entry.state is SnapshotState.ADOPTING:
+                had = self._model_of.get(entry.replica)
+                if had is not None:
+                    keep[entry.replica] = (had, self._models[had].endpoints[entry.replica])
+        for rid in [r for r in self._model_of if r not in keep]:
+            self._leave(rid)
+        for rid, (model, endpoint) in sorted(keep.items()):
+            self._join(model, rid, endpoint)
+
+    def _join(self, model: ModelName, rid: ReplicaId, endpoint: str) -> None:
+        table = self._models.setdefault(model, _Model())
+        if rid not in table.endpoints:
+            bisect.insort(table.order, rid)
+        table.endpoints[rid] = endpoint
+        self._model_of[rid] = model
+
+    def _leave(self, rid: ReplicaId) -> None:
+        model = self._model_of.pop(rid, None)
+        if model is None:
+            return
+        table = self._models[model]
+        del table.endpoints[rid]
+        del table.order[bisect.bisect_left(table.order, rid)]
+        health = self._health.get(rid)
+        if health is not None and health.outstanding == 0:
+            del self._health[rid]  # nothing left to account for: ids are never reused
+
+    # --- reading it ----------------------------------------------------------------------------
+
+    def models(self) -> list[ModelName]:
+        return sorted(m for m, t in self._models.items() if t.order)
+
+    def routes(self, model: ModelName) -> list[Route]:
+        """The model's routable replicas as the controller announced them (ejected ones too)."""
+        table = self._models.get(model)
+        if table is None:
+            return []
+        return [Route(r, table.endpoints[r]) for r in table.order]
+
+    def ejected(self, now_ms: int) -> dict[ReplicaId, int]:
+        """Each replica in the table that is ejected at `now_ms`, and until when."""
+        return {
+            rid: h.ejected_until
+            for rid, h in sorted(self._health.items())
+            if h.ejected_until is not None and h.ejected_until > now_ms and rid in self._model_of
+        }
+
+    def outstanding(self, rid: ReplicaId) -> int:
+        health = self._health.get(rid)
+        return 0 if health is None else health.outstanding
+
+    # --- picking -------------------------------------------------------------------------------
+
+    def pick(
+        self, model: ModelName, now_ms: int = 0, exclude: Iterable[ReplicaId] = ()
+    ) -> Route | None:
+        """The replica for the next request to `model`, counted as in flight until `finished`;
+        None when none may take it (`why_none` says why)."""
+        table = self._models.get(model)
+        if table is None or not table.order:
+            return None
+        skip = set(exclude)
+        best: tuple[int, int, ReplicaId] | None = None
+        for rid in table.order:
+            if rid in skip:
+                continue
+            health = self._health.get(rid)
+            if health is None:
+                key = (0, -1, rid)
+            else:
+                if health.ejected_until is not None:
+                    if health.ejected_until > now_ms:
+                        continue
+                    health.ejected_until = None  # back, on probation
+                    health.failures = self.ejection.failures - 1
+                limit = self.outstanding_limit
+                if limit is not None and health.outstanding >= limit:
+                    continue
+                key = (health.outstanding, health.last_pick, rid)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            return None
+        rid = best[2]
+        health = self._health.setdefault(rid, _Health())
+        health.outstanding += 1
+        health.last_pick = self._picks
+        self._picks += 1
+        return Route(rid, table.endpoints[rid])
+
+    def why_none(
+        self, model: ModelName, now_ms: int = 0, exclude: Iterable[ReplicaId] = ()
+    ) -> NoRoute:
+        """Why `pick` found nothing for `model` at `now_ms`."""
+        skip = set(exclude)
+        candidates = [r.replica for r in self.routes(model) if r.replica not in skip]
+        if not candidates:
+            return NoRoute.NO_REPLICA
+        ejected = self.ejected(now_ms)
+        if all(r in ejected for r in candidates):
+            return NoRoute.EJECTED
+        return NoRoute.BUSY
+
+    def finished(self, rid: ReplicaId, ok: bool, now_ms: int = 0) -> bool:
+        """A picked request to `rid` ended: `ok` when the replica answered (whatever the
+        answer's status but a failure of the replica's own), not when it failed to connect,
+        timed out, cut its answer or answered with a server error. True when this ejected it."""
+        health = self._health.get(rid)
+        if health is None or health.outstanding == 0:
+            return False  # not a pick of this router's (or already told)
+        health.outstanding -= 1
+        ejected = False
+        if ok:
+            health.failures = 0
+            health.level = 0
+        else:
+            health.failures += 1
+            if health.failures >= self.ejection.failures and health.ejected_until is None:
+                health.ejected_until = now_ms + self.ejection.backoff_ms(health.level)
+                health.level += 1
+                health.failures = 0
+                self.ejections += 1
+                ejected = True
+        if rid not in self._model_of and health.outstanding == 0:
+            del self._health[rid]
+        return ejected

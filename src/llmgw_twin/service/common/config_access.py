@@ -1,0 +1,170 @@
+"""The parts of the services' configs that decide who gets in and how much: the listener and its
+TLS, the controller's credentials (`auth`), the clients' TLS, and the controller's limits.
+
+Role: read by `config.py` into the settings the runtimes take; every mistake is a `ConfigError`
+naming the file and the key. A listener on an address other than loopback needs credentials
+(the controller's `auth`, the agent's `credential`) and TLS, or an explicit
+`allow_plaintext: true` (docs/security.md). Relative paths are relative to the config file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+from llmgw_twin.service.common import limits
+from llmgw_twin.service.common.auth import check_hash, is_loopback
+from llmgw_twin.service.common.tls import ClientTls, ServerTls
+from llmgw_twin.service.common.wire import Port, Text
+from llmgw_twin.units import parse_size_mib
+
+Host = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
+
+
+class ConfigError(Exception):
+    pass
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def relative(path: Path, value: str) -> Path:
+    """`value` as a path, relative to the config file `path` unless it is absolute."""
+    p = Path(value)
+    return p if p.is_absolute() else path.parent / p
+
+
+class ServerTlsC(StrictModel):
+    cert: Text
+    key: Text
+    client_ca: Text | None = None
+
+
+class ClientTlsC(StrictModel):
+    ca: Text | None = None
+    cert: Text | None = None
+    key: Text | None = None
+
+
+class ListenC(StrictModel):
+    host: Host = "127.0.0.1"
+    port: Port
+    tls: ServerTlsC | None = None
+    allow_plaintext: Annotated[bool, Strict()] = False
+    """Serve plain HTTP on an address other than loopback (a network trusted end to end)."""
+
+
+class AuthC(StrictModel):
+    admin_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
+    api_keys: list[Annotated[str, Strict()]] = Field(default=[], max_length=4096)
+    router_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
+    secret_file: Text | None = None
+
+
+class LimitsC(StrictModel):
+    max_body: Text = f"{limits.CONTROL_BODY_LIMIT // limits.MiB}MiB"
+    max_inference_body: Text = f"{limits.INFERENCE_BODY_LIMIT // limits.MiB}MiB"
+    max_outstanding_per_replica: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = (
+        limits.MAX_OUTSTANDING_PER_REPLICA
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerAuth:
+    admin_hashes: tuple[str, ...]
+    api_key_hashes: tuple[str, ...]
+    """Empty: the router's routes are open to anyone who reaches them."""
+    secret_file: Path
+    """The key the agents' controller tokens derive from; created (mode 0600) if absent."""
+    router_hashes: tuple[str, ...] = ()
+    """Router processes that may follow the routing feed (`/v1/router/feed`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerLimits:
+    body_bytes: int = limits.CONTROL_BODY_LIMIT
+    """The largest admin or agent request body; a larger one is answered 413."""
+    inference_body_bytes: int = limits.INFERENCE_BODY_LIMIT
+    """The largest request body on the router's inference routes."""
+    outstanding_per_replica: int = limits.MAX_OUTSTANDING_PER_REPLICA
+    """Requests in flight to one replica; beyond, another replica or 503 with Retry-After."""
+
+
+DEFAULT_LIMITS = ControllerLimits()
+
+
+def server_tls(path: Path, listen: ListenC, *, secured: bool, what: str) -> ServerTls | None:
+    """The listener's TLS; an address other than loopback needs credentials and TLS (or an
+    explicit `allow_plaintext`), so that nothing on the network can speak for a node."""
+    tls = None
+    if listen.tls is not None:
+        t = listen.tls
+        ca = relative(path, t.client_ca) if t.client_ca is not None else None
+        tls = ServerTls(relative(path, t.cert), relative(path, t.key), ca)
+    if not is_loopback(listen.host):
+        if not secured:
+            raise ConfigError(
+                f"{path}: listen.host: {listen.host} is not a loopback address, so {what} "
+                "(see docs/security.md)"
+            )
+        if tls is None and not listen.allow_plaintext:
+            raise ConfigError(
+                f"{path}: listen.tls: serving on {listen.host} needs TLS (cert and key), or "
+                "listen.allow_plaintext: true on a network trusted end to end"
+            )
+    return tls
+
+
+def client_tls(path: Path, c: ClientTlsC | None) -> ClientTls | None:
+    if c is None:
+        return None
+    if (c.cert is None) != (c.key is None):
+        raise ConfigError(f"{path}: a client certificate needs both cert and key")
+
+    def rel(v: str | None) -> Path | None:
+        return relative(path, v) if v is not None else None
+
+    return ClientTls(rel(c.ca), rel(c.cert), rel(c.key))
+
+
+def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | None:
+    if a is None:
+        return None
+    hashes: dict[str, tuple[str, ...]] = {}
+    keys = (
+        ("admin_tokens", a.admin_tokens),
+        ("api_keys", a.api_keys),
+        ("router_tokens", a.router_tokens),
+    )
+    for key, values in keys:
+        for i, value in enumerate(values):
+            try:
+                check_hash(value)
+            except ValueError as e:
+                raise ConfigError(f"{path}: auth.{key}[{i}]: {e}") from None
+        hashes[key] = tuple(values)
+    if not hashes["admin_tokens"]:
+        raise ConfigError(f"{path}: auth.admin_tokens: at least one admin token hash is needed")
+    secret = relative(path, a.secret_file) if a.secret_file else Path(store + ".key")
+    return ControllerAuth(
+        hashes["admin_tokens"], hashes["api_keys"], secret, hashes["router_tokens"]
+    )
+
+
+def limits_settings(path: Path, c: LimitsC) -> ControllerLimits:
+    sizes = {}
+    for key in ("max_body", "max_inference_body"):
+        try:
+            mib = parse_size_mib(getattr(c, key))
+        except ValueError as e:
+            raise ConfigError(f"{path}: limits.{key}: {e}") from None
+        if not 1 <= mib <= 1024:
+            raise ConfigError(f"{path}: limits.{key}: must be from 1MiB to 1GiB")
+        sizes[key] = mib * limits.MiB
+    return ControllerLimits(
+        sizes["max_body"], sizes["max_inference_body"], c.max_outstanding_per_replica
+    )

@@ -1,0 +1,133 @@
+"""What the controller and the agent commands share: their flags, logging, and the uvicorn run.
+
+Both serve one FastAPI app until SIGINT or SIGTERM, which uvicorn turns into a graceful shutdown
+(the app's lifespan then stops what the runtime started). Exit status: 0 once the server had
+started, 1 when it never did (its port taken, say); configuration errors are the callers' (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
+
+import uvicorn
+from fastapi import FastAPI
+
+from llmgw_twin.service.common.tls import ServerTls
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+GRACEFUL_SHUTDOWN_S = 5
+KEEP_ALIVE_S = 75
+"""How long an idle connection is kept open: longer than a heartbeat interval, so an agent's
+heartbeats reuse one connection (uvicorn's default, 5 s, made every 10 s heartbeat a new one:
+a thousand TCP handshakes a second at 10,000 nodes). Clients expire theirs sooner (60 s), so
+they never send on a connection the server is closing."""
+"""How long a shutdown waits for open connections before it stops the app anyway. Without a
+bound, a TLS connection a peer keeps idle in its pool holds the shutdown for asyncio's TLS
+close timeout (30 s): the peer answers the close only when it next uses the connection."""
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+MAX_WAIT_S = 600.0
+"""The longest `--not-before` wait."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_help: str) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help=config_help)
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.add_argument(
+        "--not-before",
+        type=int,
+        metavar="NS",
+        help="wait until the host's monotonic clock reads NS (in ns) before serving: the "
+        "controller loads its code and reads its config, then waits before it listens and opens "
+        "its store; the agent also reads the node first, and waits before it registers. A restart "
+        "whose start-up costs no downtime (real mode restarts processes exactly when its "
+        "scenario says with it)",
+    )
+
+
+def not_before_wait_s(not_before_ns: int) -> float:
+    """How long to wait from now for `--not-before NS`: none once it passed, at most
+    `MAX_WAIT_S`."""
+    return min(max(0.0, (not_before_ns - time.monotonic_ns()) / 1e9), MAX_WAIT_S)
+
+
+def wait_not_before(args: argparse.Namespace) -> None:
+    """`--not-before`: sleep until that instant (the controller, before it reads anything)."""
+    if args.not_before is not None:
+        time.sleep(not_before_wait_s(args.not_before))
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
+
+
+class Runtime(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def lifespan_of(runtime: Runtime) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the runtime starts before the first request and stops after the
+    last one."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    return lifespan
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host:port` from now (raises OSError when it cannot be bound):
+    a client that connects while the server still starts waits in its backlog until the server
+    accepts, rather than being refused and retrying later."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(
+    app: FastAPI,
+    host: str,
+    port: int,
+    log_level: str,
+    tls: ServerTls | None = None,
+    sock: socket.socket | None = None,
+) -> int:
+    """Serve `app`; over TLS when `tls` is given (mutual TLS when it names a client CA); on
+    `sock` when given (`listen`), else on a socket bound once the app's start-up is done."""
+    options = tls.uvicorn_options() if tls is not None else {}
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        **options,
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=None if sock is None else [sock])
+    return EXIT_OK if server.started else EXIT_FAILED

@@ -1,0 +1,210 @@
+"""The controller's YAML config file, read into checked, frozen settings.
+
+Role: `load_controller_config(path)` turns a file into the `ControllerSettings` the runtime
+takes; every mistake is a `ConfigError` naming the file and the key. The `timings`, `profiles`
+and `deployments` have exactly a scenario's shape (the same `Timings` keys a loader reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, assert_never
+
+from pydantic import BaseModel, ConfigDict, Strict, ValidationError
+
+from llmgw_twin.control.model import Deployment, ModelName, Profile, ProfileName, Timings
+from llmgw_twin.service.common.config import (
+    ConfigError,
+    Duration,
+    duration_setting,
+    read_settings,
+)
+from llmgw_twin.service.common.config_access import (
+    DEFAULT_LIMITS,
+    AuthC,
+    ClientTlsC,
+    ControllerAuth,
+    ControllerLimits,
+    LimitsC,
+    ListenC,
+    auth_settings,
+    client_tls,
+    limits_settings,
+    relative,
+    server_tls,
+)
+from llmgw_twin.service.common.tls import ClientTls, ServerTls
+from llmgw_twin.service.common.wire import (
+    Count,
+    Name,
+    Positive,
+    ProfileW,
+    Text,
+    describe_errors,
+)
+from llmgw_twin.store.sqlite import EVENTS_KEPT
+from llmgw_twin.units import SettingKey, in_file_terms, parse_share, setting_keys
+
+__all__ = [
+    "ConfigError",
+    "ControllerAuth",
+    "ControllerLimits",
+    "ControllerSettings",
+    "load_controller_config",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+TIMING_KEYS: tuple[SettingKey, ...] = setting_keys(Timings)
+
+
+class ProfileC(_Strict):
+    engine: Name
+    nodes: Positive = 1
+    gpus_per_node: Positive
+    model: Text
+    load_time: Duration = "0"
+    start_timeout: Duration | None = None
+    args: list[Annotated[str, Strict()]] = []
+
+
+class DeploymentC(_Strict):
+    model: Name
+    profile: Name
+    replicas: Count
+
+
+class ControllerFile(_Strict):
+    listen: ListenC
+    store: Text
+    timings: dict[Annotated[str, Strict()], Any] = {}
+    """Checked against `TIMING_KEYS` by `_timings`, so that the keys follow `Timings`."""
+    profiles: dict[Name, ProfileC] = {}
+    deployments: list[DeploymentC] = []
+    auth: AuthC | None = None
+    agents_tls: ClientTlsC | None = None
+    limits: LimitsC = LimitsC()
+    events_kept: Positive = EVENTS_KEPT
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    host: str
+    port: int
+    store: str
+    timings: Timings
+    profiles: tuple[Profile, ...]
+    deployments: tuple[Deployment, ...]
+    auth: ControllerAuth | None = None
+    """None: no credentials asked (allowed on loopback only, see docs/security.md)."""
+    tls: ServerTls | None = None
+    agents_tls: ClientTls | None = None
+    limits: ControllerLimits = DEFAULT_LIMITS
+    events_kept: int = EVENTS_KEPT
+    """How many of the newest events the event log keeps, in the store and in memory."""
+
+
+def _timings(path: Path, raw: dict[str, Any]) -> Timings:
+    """As a scenario's `timings`: the same keys (every `Timings` field without `_ms`), omitted
+    keys take the defaults; suspicion, unless set, comes halfway to the loss deadline."""
+    by_key = {k.key: k for k in TIMING_KEYS}
+    values: dict[str, Any] = {}  # field -> value, each of its key's kind
+    for name, value in raw.items():
+        key = by_key.get(name)
+        if key is None:
+            raise ConfigError(
+                f"{path}: timings: unknown key {name!r} (expected one of: {', '.join(by_key)})"
+            )
+        if value is not None:
+            values[key.attr] = _setting(path, f"timings.{name}", key, value)
+    defaults = Timings()
+    lost = int(values.setdefault("node_lost_after_ms", defaults.node_lost_after_ms))
+    values.setdefault("node_suspect_after_ms", max(1, lost // 2))
+    try:
+        return replace(defaults, **values)
+    except ValueError as e:
+        raise ConfigError(f"{path}: timings: {in_file_terms(str(e), TIMING_KEYS)}") from None
+
+
+def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | float:
+    """One `timings` value, of the kind its key says; YAML may have read it as a number."""
+    plain_number = isinstance(value, int | float) and not isinstance(value, bool)
+    match key.kind:
+        case "duration":
+            if isinstance(value, str) or (isinstance(value, int) and plain_number):
+                return duration_setting(path, where, str(value), positive=key.minimum > 0)
+            raise ConfigError(f"{path}: {where}: expected a duration such as 10s, got {value!r}")
+        case "count":
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{path}: {where}: expected a whole number, got {value!r}")
+            if value < key.minimum:
+                raise ConfigError(f"{path}: {where}: must be at least {key.minimum}, got {value}")
+            return value
+        case "share":
+            if not (isinstance(value, str) or plain_number):
+                raise ConfigError(f"{path}: {where}: expected a share such as 0.5 or 50%")
+            try:
+                return parse_share(str(value))
+            except ValueError as e:
+                raise ConfigError(f"{path}: {where}: {e}") from None
+        case _:
+            assert_never(key.kind)
+
+
+def load_controller_config(path: str | Path) -> ControllerSettings:
+    path = Path(path)
+    try:
+        f = ControllerFile.model_validate(read_settings(path))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {describe_errors(e.errors())}") from None
+    profiles = []
+    for name, pc in f.profiles.items():
+        load_ms = duration_setting(path, f"profiles.{name}.load_time", pc.load_time)
+        try:
+            body = ProfileW(
+                engine=pc.engine,
+                nodes=pc.nodes,
+                gpus_per_node=pc.gpus_per_node,
+                model=pc.model,
+                load_time_ms=load_ms,
+                args=pc.args,
+            )
+        except ValidationError as e:
+            raise ConfigError(f"{path}: profiles.{name}: {describe_errors(e.errors())}") from None
+        profile = body.to_core(name)
+        if pc.start_timeout is not None:
+            timeout_ms = duration_setting(
+                path, f"profiles.{name}.start_timeout", pc.start_timeout, positive=True
+            )
+            profile = replace(profile, start_timeout_ms=timeout_ms)
+        profiles.append(profile)
+    deployments: list[Deployment] = []
+    for i, dc in enumerate(f.deployments):
+        if dc.profile not in f.profiles:
+            raise ConfigError(
+                f"{path}: deployments[{i}].profile: unknown profile {dc.profile!r} "
+                f"(expected one of: {', '.join(f.profiles) or 'none defined'})"
+            )
+        if any(d.model == dc.model for d in deployments):
+            raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
+        deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
+    store = str(relative(path, f.store))
+    auth = auth_settings(path, f.auth, store)
+    tls = server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
+    return ControllerSettings(
+        host=f.listen.host,
+        port=f.listen.port,
+        store=store,
+        timings=_timings(path, f.timings),
+        profiles=tuple(profiles),
+        deployments=tuple(deployments),
+        auth=auth,
+        tls=tls,
+        agents_tls=client_tls(path, f.agents_tls),
+        limits=limits_settings(path, f.limits),
+        events_kept=f.events_kept,
+    )

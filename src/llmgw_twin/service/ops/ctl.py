@@ -1,0 +1,200 @@
+"""`llmgw-twin ctl ...`: an operator's word to the controller, and the tokens it takes.
+
+Each command but `new-token` is one bounded HTTP call to the controller's admin API
+(`--controller`, default `http://127.0.0.1:8080`): it prints the controller's answer and exits
+0 when the controller accepted, 1 when it refused (the GPU is not failed, the node not
+quarantined, the token not an admin's), 2 when the controller could not be reached. The admin
+token is read from the file `--token-file` names, or from the environment variable
+`LLMGW_TWIN_TOKEN`; never from the command line, where any user of the host could read it.
+
+- `new-token`: print a fresh token and, on the next line, the hash a config lists;
+- `onboard NODE --agent-url URL --out FILE`: issue (or rotate) a node's credential and write it,
+  readable by its owner only, to FILE for the node's agent (`credential:` in its config);
+- `revoke NODE`: the node's credential stops working at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmgw_twin.service.common.auth import CredentialFile, new_token, token_hash
+from llmgw_twin.service.common.tls import ClientTls
+
+DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
+TIMEOUT_S = 10.0
+
+
+TOKEN_ENV = "LLMGW_TWIN_TOKEN"  # noqa: S105  (a variable name)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--controller",
+        default=DEFAULT_CONTROLLER,
+        help=f"the controller's base URL (default {DEFAULT_CONTROLLER})",
+    )
+    parser.add_argument(
+        "--token-file", type=Path, help=f"a file holding the admin token (else ${TOKEN_ENV})"
+    )
+    parser.add_argument("--ca", type=Path, help="the CA that signed the controller's certificate")
+    parser.add_argument("--cert", type=Path, help="this client's certificate (mutual TLS)")
+    parser.add_argument("--key", type=Path, help="the key of --cert (when not in the same file)")
+
+
+class CtlError(Exception):
+    pass
+
+
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    token = os.environ.get(TOKEN_ENV)
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise CtlError(f"cannot read the token file: {e}") from None
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _request(
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    *,
+    params: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """(0 accepted, 1 refused, 2 unreachable) and the answer's body; refusals are printed."""
+    url = str(args.controller).rstrip("/") + path
+    try:
+        verify = ClientTls(args.ca, args.cert, args.key or args.cert).context()
+        headers = _headers(args)
+        with httpx.Client(timeout=TIMEOUT_S, trust_env=False, verify=verify) as client:
+            reply = client.request(method, url, params=params, json=body, headers=headers)
+    except (CtlError, OSError) as e:  # ssl.SSLError is an OSError
+        print(f"error: {e}", file=sys.stderr)
+        return 2, {}
+    except httpx.HTTPError as e:
+        print(f"error: cannot reach the controller at {url}: {e}", file=sys.stderr)
+        return 2, {}
+    try:
+        answer = reply.json()
+    except ValueError:
+        answer = {"detail": reply.text}
+    if not isinstance(answer, dict):
+        answer = {"detail": answer}
+    if reply.is_success:
+        return 0, answer
+    print(f"refused ({reply.status_code}): {answer.get('detail', answer)}", file=sys.stderr)
+    return 1, answer
+
+
+def _call(
+    args: argparse.Namespace, method: str, path: str, params: dict[str, str] | None = None
+) -> int:
+    status, answer = _request(args, method, path, params=params)
+    if status == 0:
+        print(json.dumps(answer, sort_keys=True))
+    return status
+
+
+def issue_credential(
+    args: argparse.Namespace, node: str, agent_url: str
+) -> tuple[int, CredentialFile | None]:
+    """Issue (or rotate) `node`'s credential, bound to `agent_url`: (0, the credential), or the
+    status of `_request` and None (the refusal already printed). `args` as `_common` reads."""
+    path = f"/v1/admin/nodes/{node}/credential"
+    status, answer = _request(args, "POST", path, body={"agent_url": agent_url})
+    if status != 0:
+        return status, None
+    return 0, CredentialFile(answer["node"], answer["token"], answer["controller_token"])
+
+
+class ClearGpu:
+    """Clear a GPU the controller holds failed (after it was repaired or replaced)."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("node")
+        parser.add_argument("gpu", type=int)
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/failed-gpus/{args.gpu}")
+
+
+class ClearQuarantine:
+    """Lift a node's quarantine, for one profile (`--profile`) or for all of them."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("node")
+        parser.add_argument("--profile", help="only this profile's quarantine")
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        params = {"profile": args.profile} if args.profile else None
+        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/quarantine", params)
+
+
+class NewToken:
+    """Print a fresh token, then the hash that goes into a config (`auth.admin_tokens`,
+    `auth.api_keys`); the token itself is shown this once."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        pass
+
+    @staticmethod
+    def main(_args: argparse.Namespace) -> int:
+        token = new_token()
+        print(token)
+        print(token_hash(token))
+        return 0
+
+
+class Onboard:
+    """Issue a node's credential (or rotate it: the old one stops working at once) and write
+    it to the file its agent reads."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("node")
+        parser.add_argument(
+            "--agent-url",
+            required=True,
+            help="where the node's agent listens, as the "
+            "controller reaches it; the controller calls this address only",
+        )
+        parser.add_argument("--out", required=True, type=Path, help="the credential file")
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        status, cred = issue_credential(args, args.node, args.agent_url)
+        if cred is None:
+            return status
+        cred.write(args.out)
+        print(f"node {cred.node}: credential written to {args.out}, bound to {args.agent_url}")
+        return 0
+
+
+class Revoke:
+    """Revoke a node's credential: its agent is refused from now on and sent nothing more."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("node")
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/credential")

@@ -1,0 +1,169 @@
+"""`llmgw-twin ctl cordon|uncordon|drain|explain|deployment delete|gpu clear`: the fleet's upkeep
+over the admin API (`service/controller/operator_api.py`).
+
+Each is one bounded call, as every `ctl` command (`ctl.py`: `--controller`, the admin token from
+`--token-file` or `$LLMGW_TWIN_TOKEN`, TLS flags; exit 0 answered, 1 refused, 2 unreachable),
+except `drain --wait`, which then reads the drain's progress once a second until the node is
+empty (exit 0) or the wait is over (exit 1), printing each change.
+
+- `cordon NODE` / `uncordon NODE`: out of placement, or back in (which also ends a drain);
+- `drain NODE [--wait D]`: cordon it and move each replica off it, make-before-break;
+- `explain REPLICA`: where it is, or why it is pending and which fabrics could take it;
+- `deployment delete MODEL`: retire every replica of it and forget it;
+- `gpu clear NODE GPU`: the GPU was repaired or replaced (the same as `clear-gpu`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from llmgw_twin.service.ops.ctl import _call, _common, _request
+from llmgw_twin.units import parse_duration
+
+POLL_S = 1.0
+"""How often `drain --wait` reads the drain's progress."""
+
+
+class _OneCall:
+    """A command that names one thing and makes one call about it."""
+
+    arg = "node"
+    method = "POST"
+    path = ""
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(cls.arg)
+        _common(parser)
+
+    @classmethod
+    def main(cls, args: argparse.Namespace) -> int:
+        return _call(args, cls.method, cls.path.format(getattr(args, cls.arg)))
+
+
+class Cordon(_OneCall):
+    """Take a node out of placement: what it runs keeps running."""
+
+    path = "/v1/admin/nodes/{}/cordon"
+
+
+class Uncordon(_OneCall):
+    """Put a cordoned node back into placement (a drain under way ends)."""
+
+    method = "DELETE"
+    path = "/v1/admin/nodes/{}/cordon"
+
+
+class DeploymentDelete(_OneCall):
+    """Delete a deployment: every replica of it is retired, and nothing replaces them."""
+
+    arg = "model"
+    method = "DELETE"
+    path = "/v1/admin/deployments/{}"
+
+
+def _progress(answer: dict[str, Any]) -> str:
+    left = answer.get("replicas", [])
+    if answer.get("drained") or not left:
+        return f"node {answer.get('node')}: drained, nothing left on it (still cordoned)"
+    parts = []
+    for r in left:
+        copy = r.get("copy")
+        if copy is None:
+            parts.append(f"{r['replica']} ({r['state']}, no copy yet)")
+        else:
+            why = f": {r['copy_reason']}" if r.get("copy_reason") else ""
+            parts.append(f"{r['replica']} ({r['state']}) -> {copy} ({r['copy_state']}{why})")
+    return f"node {answer.get('node')}: {len(left)} replica(s) left: " + "; ".join(parts)
+
+
+class Drain:
+    """Empty a node for maintenance: it is cordoned, and each replica on it gets a copy
+    elsewhere; the original stops once its copy is ready."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("node")
+        parser.add_argument(
+            "--wait",
+            metavar="D",
+            help="wait up to D (e.g. 10m) for the node to be empty, printing the progress",
+        )
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        try:
+            wait_ms = parse_duration(args.wait) if args.wait is not None else None
+        except ValueError as e:
+            print(f"error: --wait: {e}", flush=True)
+            return 2
+        status, answer = _request(args, "POST", f"/v1/admin/nodes/{args.node}/drain")
+        if status != 0:
+            return status
+        line = _progress(answer)
+        print(line, flush=True)
+        if wait_ms is None:
+            return 0
+        deadline = time.monotonic() + wait_ms / 1000
+        while not (answer.get("drained") or not answer.get("replicas")):
+            if time.monotonic() >= deadline:
+                print(f"node {args.node}: not drained after {args.wait}", flush=True)
+                return 1
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            status, answer = _request(args, "GET", f"/v1/admin/nodes/{args.node}/drain")
+            if status != 0:
+                return status
+            if (now := _progress(answer)) != line:
+                line = now
+                print(line, flush=True)
+        return 0
+
+
+class Explain:
+    """Why a replica is where it is, or why it is pending and where it could go."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("replica")
+        parser.add_argument("--json", action="store_true", help="the controller's answer as is")
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        status, answer = _request(args, "GET", f"/v1/admin/replicas/{args.replica}/explain")
+        if status != 0:
+            return status
+        print(json.dumps(answer, sort_keys=True) if args.json else render_explain(answer))
+        return 0
+
+
+def render_explain(a: dict[str, Any]) -> str:
+    need = a.get("needs", {})
+    lines = [
+        f"replica {a['replica']} of {a['model']} (profile {a['profile']}): {a['state']}",
+        f"  needs: {need.get('nodes')} node(s) x {need.get('gpus_per_node')} GPU(s), engine "
+        f"{need.get('engine')}, all in one fabric",
+        f"  why: {a.get('why')}",
+    ]
+    if a.get("moving_to"):
+        lines.append(f"  moving to: {a['moving_to']} (a drain copy)")
+    if a.get("copy_of"):
+        lines.append(f"  copy of: {a['copy_of']}")
+    for s in a.get("shards", []):
+        lines.append(f"  rank {s['rank']}: {s['node']} GPUs {s['gpus']} {s['state'] or '-'}")
+    if a.get("never_fits"):
+        lines.append(f"  never fits the fleet as registered: {a['never_fits']}")
+    for f in a.get("fabrics", []):
+        verdict = "fits now" if f["fits"] else f"{f['candidates']} of {f['needs']} node(s) needed"
+        nodes = ", ".join(f["candidate_nodes"])
+        blocked = ", ".join(f"{n} {why}" for why, n in f["blocked"].items())
+        lines.append(
+            f"  {f['fabric']}: {verdict}"
+            + (f" ({nodes})" if nodes else "")
+            + (f"; other nodes: {blocked}" if blocked else "")
+        )
+    return "\n".join(lines)

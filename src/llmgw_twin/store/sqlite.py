@@ -1,0 +1,353 @@
+"""The controller's durable state in SQLite (stdlib `sqlite3`): one transaction per decision.
+
+`Store.commit(writes)` applies one step's writes in a single transaction, so a controller killed
+at any instant leaves either all of a decision or none of it; a commit that returned is on disk
+(WAL journal, `synchronous=FULL`). `Store.load()` reads the whole `DurableState` back. A row's
+body is its record's canonical JSON (`codec.dumps`: sorted keys), so the same state is the same
+bytes; it is read back with `codec.loads`, where a field the row predates takes the dataclass
+default, and a row that does not decode is a `StoreError` naming its table and key.
+
+The schema carries a version (`PRAGMA user_version`); opening a store runs every migration it
+lacks, in order, each in its own transaction, and refuses a store newer than this code.
+
+The controller service's event log rides in the same transactions: `commit(writes, events)`
+appends the events, numbered on from the newest kept (a number is never used twice), and drops
+all but the newest `events_kept` in that same transaction; `load_events()` reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import TypeVar, assert_never
+
+from llmgw_twin import codec
+from llmgw_twin.control.durable import (
+    DeleteCordon,
+    DeleteDeployment,
+    DeleteFailedGpu,
+    DeleteNode,
+    DeleteQuarantine,
+    DeleteReplica,
+    DeleteSilence,
+    DurableState,
+    PutClock,
+    PutCordon,
+    PutDeployment,
+    PutFailedGpu,
+    PutNode,
+    PutProfile,
+    PutQuarantine,
+    PutReplica,
+    PutSeq,
+    PutSilence,
+    QuarantineRow,
+    ReplicaRow,
+    Write,
+)
+from llmgw_twin.control.model import Deployment, ModelName, NodeId, NodeInfo, Profile, TraceEvent
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: desired state, node registry, placed replicas, id counters
+    """
+    CREATE TABLE profiles (name TEXT PRIMARY KEY, body TEXT NOT NULL);
+    CREATE TABLE deployments (model TEXT PRIMARY KEY, body TEXT NOT NULL);
+    CREATE TABLE nodes (node TEXT PRIMARY KEY, body TEXT NOT NULL);
+    CREATE TABLE replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL, body TEXT NOT NULL);
+    CREATE TABLE seqs (model TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+    """,
+    # 2: where each node's agent listens (the production shell's, not the core's, to keep)
+    """
+    CREATE TABLE agent_urls (node TEXT PRIMARY KEY, url TEXT NOT NULL);
+    """,
+    # 3: health a restart must not forget: failed GPUs, quarantines, silence, the last clock
+    """
+    CREATE TABLE failed_gpus (node TEXT NOT NULL, gpu INTEGER NOT NULL, PRIMARY KEY (node, gpu));
+    CREATE TABLE quarantines (
+        node TEXT NOT NULL, profile TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (node, profile)
+    );
+    CREATE TABLE silence (node TEXT PRIMARY KEY, since_ms INTEGER NOT NULL);
+    CREATE TABLE clock (id INTEGER PRIMARY KEY CHECK (id = 0), now_ms INTEGER NOT NULL);
+    """,
+    # 4: node credentials (the production shell's): the token's hash, never the token, and the
+    # agent address the credential is bound to
+    """
+    CREATE TABLE node_credentials (
+        node TEXT PRIMARY KEY, token_sha256 TEXT NOT NULL, agent_url TEXT NOT NULL,
+        issued_ms INTEGER NOT NULL
+    );
+    """,
+    # 5: the controller service's event log (`GET /v1/admin/events`), by its sequence number:
+    # the newest events, so that they outlive the process
+    """
+    CREATE TABLE events (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
+    """,
+    # 6: the operator's cordons (draining: 1 while its replicas are moved off the node)
+    """
+    CREATE TABLE cordons (node TEXT PRIMARY KEY, draining INTEGER NOT NULL);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+EVENTS_KEPT = 50_000
+"""How many of the newest events a store keeps, unless told otherwise."""
+
+R = TypeVar("R")
+
+
+class StoreError(Exception):
+    pass
+
+
+class Store:
+    """A controller's store; `path=":memory:"` for a run that needs no file (the twin)."""
+
+    def __init__(self, path: str, *, events_kept: int = EVENTS_KEPT) -> None:
+        if events_kept < 1:
+            raise ValueError(f"events_kept must be at least 1, got {events_kept}")
+        self.path = path
+        self.events_kept = events_kept
+        # transactions are explicit; the controller commits from a worker thread, one use at a
+        # time (`service.committer`), so the connection may be used from another thread
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._migrate()
+        newest = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+        self._next_event = 0 if newest is None else int(newest) + 1
+        """The number the next event appended gets."""
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def version(self) -> int:
+        row = self._db.execute("PRAGMA user_version").fetchone()
+        return int(row[0])
+
+    def _migrate(self) -> None:
+        have = self.version
+        if have > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: store schema version {have} is newer than this controller's "
+                f"({SCHEMA_VERSION}); upgrade the controller"
+            )
+        for version in range(have + 1, SCHEMA_VERSION + 1):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in MIGRATIONS[version - 1].split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {version}")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def commit(self, writes: Iterable[Write], events: Sequence[TraceEvent] = ()) -> None:
+        """Apply one decision's writes atomically, and append `events` to the event log in the
+        same transaction (numbered on from the last, the oldest beyond `events_kept` dropped);
+        returns once they are durable."""
+        batch = list(writes)
+        if not batch and not events:
+            return
+        db = self._db
+        first, end = self._next_event, self._next_event + len(events)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if events:
+                db.executemany(
+                    "INSERT INTO events VALUES (?, ?)",
+                    ((first + i, _event_text(ev)) for i, ev in enumerate(events)),
+                )
+                db.execute("DELETE FROM events WHERE seq < ?", (end - self.events_kept,))
+            for w in batch:
+                _apply_write(db, w)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._next_event = end
+
+    def load_events(self) -> tuple[int, list[TraceEvent]]:
+        """The number of the oldest event kept (of the next one, when none is) and the newest
+        `events_kept` events, oldest first, numbered on from it."""
+        query = "SELECT seq, body FROM events WHERE seq >= ? ORDER BY seq"
+        rows = self._db.execute(query, (self._next_event - self.events_kept,)).fetchall()
+        first = int(rows[0][0]) if rows else self._next_event
+        out: list[TraceEvent] = []
+        for seq, body in rows:
+            if seq != first + len(out):
+                raise StoreError(f"{self.path}: events: event {first + len(out)} is missing")
+            try:
+                out.append(_event_of(body))
+            except (ValueError, TypeError) as err:
+                raise StoreError(f"{self.path}: events row {seq}: {err}") from err
+        return first, out
+
+    def put_agent_url(self, node: NodeId, url: str) -> None:
+        """Remember where a node's agent listens, so a restarted controller can reach it."""
+        self._write("INSERT OR REPLACE INTO agent_urls VALUES (?, ?)", (node, url))
+
+    def put_credential(self, node: str, token_sha256: str, agent_url: str, issued_ms: int) -> None:
+        """Bind a node's credential (replacing the one it had: rotation), durably."""
+        self._write(
+            "INSERT OR REPLACE INTO node_credentials VALUES (?, ?, ?, ?)",
+            (node, token_sha256, agent_url, issued_ms),
+        )
+
+    def delete_credential(self, node: str) -> None:
+        self._write("DELETE FROM node_credentials WHERE node = ?", (node,))
+
+    def credentials(self) -> list[tuple[str, str, str, int]]:
+        """(node, token_sha256, agent_url, issued_ms) of every node credential, by node."""
+        rows = self._db.execute(
+            "SELECT node, token_sha256, agent_url, issued_ms FROM node_credentials ORDER BY node"
+        ).fetchall()
+        return [(str(n), str(h), str(u), int(t)) for n, h, u, t in rows]
+
+    def _write(self, statement: str, values: tuple[object, ...]) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute(statement, values)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def agent_urls(self) -> dict[NodeId, str]:
+        rows = self._db.execute("SELECT node, url FROM agent_urls ORDER BY node").fetchall()
+        return {NodeId(n): str(u) for n, u in rows}
+
+    def load(self) -> DurableState:
+        db = self._db
+
+        def rows(cls: type[R], table: str, key: str) -> tuple[R, ...]:
+            query = f"SELECT {key}, body FROM {table} ORDER BY {key}"  # noqa: S608
+            out: list[R] = []
+            for k, body in db.execute(query).fetchall():
+                try:
+                    out.append(codec.loads(cls, body))
+                except codec.CodecError as err:
+                    raise StoreError(f"{self.path}: {table} row {k!r}: {err}") from err
+            return tuple(out)
+
+        seqs = tuple(
+            (ModelName(m), int(s))
+            for m, s in db.execute("SELECT model, seq FROM seqs ORDER BY model").fetchall()
+        )
+        failed = tuple(
+            (NodeId(n), int(g))
+            for n, g in db.execute("SELECT node, gpu FROM failed_gpus ORDER BY node, gpu")
+        )
+        silent = tuple(
+            (NodeId(n), int(t))
+            for n, t in db.execute("SELECT node, since_ms FROM silence ORDER BY node")
+        )
+        clock = db.execute("SELECT now_ms FROM clock WHERE id = 0").fetchone()
+        quarantines: list[QuarantineRow] = []
+        for n, p, body in db.execute(
+            "SELECT node, profile, body FROM quarantines ORDER BY node, profile"
+        ):
+            try:
+                quarantines.append(codec.loads(QuarantineRow, body))
+            except codec.CodecError as err:
+                raise StoreError(f"{self.path}: quarantines row {n!r}/{p!r}: {err}") from err
+        return DurableState(
+            profiles=rows(Profile, "profiles", "name"),
+            deployments=rows(Deployment, "deployments", "model"),
+            nodes=rows(NodeInfo, "nodes", "node"),
+            replicas=rows(ReplicaRow, "replicas", "id"),
+            seqs=seqs,
+            failed_gpus=failed,
+            silent=silent,
+            quarantines=tuple(quarantines),
+            clock_ms=int(clock[0]) if clock is not None else 0,
+            cordons=tuple(
+                (NodeId(n), bool(d))
+                for n, d in db.execute("SELECT node, draining FROM cordons ORDER BY node")
+            ),
+        )
+
+
+def _event_text(ev: TraceEvent) -> str:
+    """An event as canonical JSON: `{"kind", "subjects": {name: value}, "t_ms"}`, a tuple value
+    as a list (subjects are scalars and flat tuples of them)."""
+    subjects = {k: list(v) if isinstance(v, tuple) else v for k, v in ev.subjects}
+    body = {"t_ms": ev.t_ms, "kind": ev.kind, "subjects": subjects}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _event_of(text: str) -> TraceEvent:
+    """`_event_text` read back: the same event (a list value is a tuple again)."""
+    body = json.loads(text)
+    if not isinstance(body, dict):
+        raise ValueError("not an event object")
+    t_ms, kind, subjects = body.get("t_ms"), body.get("kind"), body.get("subjects")
+    if type(t_ms) is not int or not isinstance(kind, str) or not isinstance(subjects, dict):
+        raise ValueError("expected t_ms (an integer), kind (a string) and subjects (an object)")
+    pairs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in subjects.items()))
+    return TraceEvent(t_ms, kind, pairs)
+
+
+def _apply_write(db: sqlite3.Connection, w: Write) -> None:
+    """One durable write, inside the caller's transaction."""
+    match w:
+        case PutProfile(profile=p):
+            db.execute(
+                "INSERT OR REPLACE INTO profiles VALUES (?, ?)",
+                (p.name, codec.dumps(p)),
+            )
+        case PutDeployment(deployment=d):
+            db.execute(
+                "INSERT OR REPLACE INTO deployments VALUES (?, ?)",
+                (d.model, codec.dumps(d)),
+            )
+        case PutNode(info=n):
+            db.execute(
+                "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
+                (n.node, codec.dumps(n)),
+            )
+        case DeleteNode(node=gone):
+            for table in ("nodes", "failed_gpus", "silence", "quarantines"):
+                db.execute(f"DELETE FROM {table} WHERE node = ?", (gone,))  # noqa: S608
+        case PutReplica(row=r):
+            db.execute(
+                "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
+                (r.id, r.model, codec.dumps(r)),
+            )
+        case DeleteReplica(replica=rid):
+            db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
+        case PutSeq(model=m, seq=s):
+            db.execute("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (m, s))
+        case PutFailedGpu(node=n, gpu=g):
+            db.execute("INSERT OR REPLACE INTO failed_gpus VALUES (?, ?)", (n, g))
+        case DeleteFailedGpu(node=n, gpu=g):
+            db.execute("DELETE FROM failed_gpus WHERE node = ? AND gpu = ?", (n, g))
+        case PutSilence(node=n, since_ms=since):
+            db.execute("INSERT OR REPLACE INTO silence VALUES (?, ?)", (n, since))
+        case DeleteSilence(node=n):
+            db.execute("DELETE FROM silence WHERE node = ?", (n,))
+        case PutQuarantine(row=q):
+            db.execute(
+                "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?)",
+                (q.node, q.profile, codec.dumps(q)),
+            )
+        case DeleteQuarantine(node=n, profile=p):
+            db.execute("DELETE FROM quarantines WHERE node = ? AND profile = ?", (n, p))
+        case PutClock(now_ms=t):
+            db.execute("INSERT OR REPLACE INTO clock VALUES (0, ?)", (t,))
+        case DeleteDeployment(model=m):
+            db.execute("DELETE FROM deployments WHERE model = ?", (m,))
+        case PutCordon(node=n, draining=draining):
+            db.execute("INSERT OR REPLACE INTO cordons VALUES (?, ?)", (n, draining))
+        case DeleteCordon(node=n):
+            db.execute("DELETE FROM cordons WHERE node = ?", (n,))
+        case _:
+            assert_never(w)

@@ -1,0 +1,428 @@
+"""The fuzzer's generator: one seed in, one random scenario plan out, and its scenario file.
+
+Role: `generate(seed)` draws, from a `random.Random(seed)` and nothing else, a fleet (1-3
+fabrics, 2-12 nodes of 4 or 8 GPUs, engines [sim]), profiles (1-2 nodes x 2-8 GPUs, load 5-30s),
+deployments (1-3 models, 1-4 replicas), a few control-plane timings, and a fault schedule in the
+swarm style: the seed enables a random subset of `FAULT_KINDS` and draws every fault from that
+subset only, some of them in bursts (within two seconds of the one before, or at its very
+instant). The schedule ends in a heal (`Plan.heal_at_ms`): every node still down is restarted
+and every deployment is set back to its desired count; partitions, fabric outages and controller
+outages are drawn to be over by then. `scenario_text(plan)` writes the plan as a scenario file
+(docs/scenarios.md) whose only expectation is liveness: at the end, every deployment has its
+desired count of ready replicas -- asserted only when `capacity_allows(plan)`.
+
+Invariants: the same seed gives the same plan and the same text, on every machine (no clock, no
+hash-ordered iteration); every text this module writes loads with `load_scenario_text`; the run
+lasts `heal_at_ms + liveness_bound_ms(plan)`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields
+
+from llmgw_twin.control.model import Timings
+from llmgw_twin.units import fmt_duration, setting_keys
+
+SWARM_KINDS: tuple[str, ...] = (
+    "kill_node",
+    "restart_node",
+    "crash_node",
+    "partition",
+    "kill_engine",
+    "hang_engine",
+    "restart_controller",
+    "fail_gpu",
+    "fabric_down",
+    "set_replicas",
+)
+"""The fault kinds a seed may enable (swarm testing: each seed enables a random subset)."""
+OPERATOR_KINDS: tuple[str, ...] = ("cordon", "drain", "restart_agent")
+"""Further kinds, each enabled in about a third of the seeds by a random source of their own
+(`_operator_faults`), so that the plans of the kinds above are what they were before these came:
+a node cordoned or drained (uncordoned at the heal), an agent that dies alone and comes back."""
+FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS
+
+FABRIC_NAMES = ("ib-a", "ib-b", "ib-c")
+SLACK_MS = 30_000
+"""Liveness bound slack: messages, sidecars, reconcile intervals, heartbeat phases."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanNode:
+    name: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanProfile:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    load_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDeployment:
+    model: str
+    profile: str
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFault:
+    """One fault of the schedule; only the fields its `kind` uses are set."""
+
+    at_ms: int
+    kind: str
+    node: str = ""
+    nodes: tuple[str, ...] = ()
+    model: str = ""
+    gpu: int = 0
+    fabric: str = ""
+    for_ms: int = 0
+    replicas: int = 0
+
+    @property
+    def end_ms(self) -> int:
+        """When the fault is over (partitions, outages); its instant for the others."""
+        return self.at_ms + self.for_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    seed: int
+    timings: Timings
+    fabrics: tuple[tuple[str, tuple[PlanNode, ...]], ...]
+    profiles: tuple[PlanProfile, ...]
+    deployments: tuple[PlanDeployment, ...]
+    faults: tuple[PlanFault, ...]
+    """The fault phase, sorted by time; the heal (`heal_faults`) comes after it."""
+    heal_at_ms: int
+    enabled: tuple[str, ...]
+    """The fault kinds this seed enabled (swarm testing); `faults` draws only from these."""
+
+    @property
+    def nodes(self) -> tuple[PlanNode, ...]:
+        return tuple(n for _, members in self.fabrics for n in members)
+
+    def profile(self, name: str) -> PlanProfile:
+        return next(p for p in self.profiles if p.name == name)
+
+
+def generate(seed: int) -> Plan:
+    rng = random.Random(seed)
+    n_fabrics = rng.randint(1, 3)
+    n_nodes = rng.randint(max(2, n_fabrics), 12)
+    sizes = [1] * n_fabrics
+    for _ in range(n_nodes - n_fabrics):
+        sizes[rng.randrange(n_fabrics)] += 1
+    fabrics: list[tuple[str, tuple[PlanNode, ...]]] = []
+    number = 0
+    for f, size in enumerate(sizes):
+        members = []
+        for _ in range(size):
+            number += 1
+            members.append(PlanNode(f"node{number:02d}", rng.choice((4, 8))))
+        fabrics.append((FABRIC_NAMES[f], tuple(members)))
+
+    lost = rng.choice((30_000, 60_000))
+    timings = Timings(
+        heartbeat_interval_ms=rng.choice((5_000, 10_000)),
+        node_suspect_after_ms=lost // 2,
+        node_lost_after_ms=lost,
+        start_grace_ms=rng.choice((30_000, 60_000)),
+        restart_backoff_ms=rng.choice((5_000, 10_000)),
+        restart_backoff_max_ms=rng.choice((30_000, 60_000)),
+        quarantine_for_ms=rng.choice((120_000, 240_000)),
+    )
+    n_deployments = rng.randint(1, 3)
+    profiles = tuple(
+        PlanProfile(f"p{i + 1}", rng.randint(1, 2), _gpus(rng), rng.randint(5, 30) * 1000)
+        for i in range(rng.randint(1, n_deployments))
+    )
+    deployments = tuple(
+        PlanDeployment(f"m{i + 1}", rng.choice(profiles).name, rng.randint(1, 4))
+        for i in range(n_deployments)
+    )
+    enabled = tuple(k for k in SWARM_KINDS if rng.random() < 0.5) or (rng.choice(SWARM_KINDS),)
+    start_ms = rng.randint(10, 90) * 1000
+    heal_at_ms = start_ms + rng.randint(2, 8) * 60_000
+    plan = Plan(seed, timings, tuple(fabrics), profiles, deployments, (), heal_at_ms, enabled)
+    times: list[int] = []
+    for _ in range(rng.randint(1, 12)):
+        if times and rng.random() < 0.3:  # a burst: close on the last one, or at its instant
+            times.append(min(heal_at_ms - 1, times[-1] + rng.choice((0, rng.randrange(2000)))))
+        else:
+            times.append(rng.randrange(start_ms, heal_at_ms))
+    faults = [_fault(rng, plan, rng.choice(enabled), t) for t in times]
+    extra, more = _operator_faults(seed, plan, start_ms)
+    enabled += more
+    faults += extra
+    faults.sort(key=lambda f: f.at_ms)  # stable: ties keep the order they were drawn in
+    return Plan(
+        seed, timings, tuple(fabrics), profiles, deployments, tuple(faults), heal_at_ms, enabled
+    )
+
+
+def _operator_faults(
+    seed: int, plan: Plan, start_ms: int
+) -> tuple[list[PlanFault], tuple[str, ...]]:
+    """The operator kinds this seed enables, and one to three faults of each, drawn from a
+    random source of their own (a string seed: the same in every process)."""
+    rng = random.Random(f"operator-faults-{seed}")
+    enabled = tuple(k for k in OPERATOR_KINDS if rng.random() < 1 / 3)
+    faults = []
+    for kind in enabled:
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(start_ms, plan.heal_at_ms)
+            node = rng.choice(plan.nodes).name
+            down = min(plan.heal_at_ms - at, rng.randint(0, 90) * 1000)
+            faults.append(PlanFault(at, kind, node=node, for_ms=down * (kind == "restart_agent")))
+    return faults, enabled
+
+
+def _gpus(rng: random.Random) -> int:
+    """GPUs per shard, 2-8: mostly the sizes that divide a node (2, 4, 8), so that more fleets
+    can hold their deployments and liveness is asserted more often."""
+    return rng.choice((2, 2, 4, 4, 8)) if rng.random() < 0.7 else rng.randint(2, 8)
+
+
+def _fault(rng: random.Random, plan: Plan, kind: str, at_ms: int) -> PlanFault:
+    nodes = plan.nodes
+    left_ms = plan.heal_at_ms - at_ms  # everything is over by the heal
+
+    def span(longest_ms: int) -> int:
+        return max(1, min(left_ms, rng.randint(5, longest_ms // 1000) * 1000))
+
+    match kind:
+        case "kill_node" | "crash_node" | "restart_node":
+            return PlanFault(at_ms, kind, node=rng.choice(nodes).name)
+        case "partition":
+            k = rng.randint(1, len(nodes))
+            members = tuple(sorted(n.name for n in rng.sample(nodes, k)))
+            return PlanFault(at_ms, kind, nodes=members, for_ms=span(180_000))
+        case "kill_engine" | "hang_engine":
+            model = rng.choice(plan.deployments).model
+            return PlanFault(at_ms, kind, node=rng.choice(nodes).name, model=model)
+        case "restart_controller":
+            return PlanFault(at_ms, kind, for_ms=min(left_ms, rng.randint(0, 60) * 1000))
+        case "fail_gpu":
+            node = rng.choice(nodes)
+            return PlanFault(at_ms, kind, node=node.name, gpu=rng.randrange(node.gpus))
+        case "fabric_down":
+            fabric = rng.choice(plan.fabrics)[0]
+            return PlanFault(at_ms, kind, fabric=fabric, for_ms=span(180_000))
+        case "set_replicas":
+            model = rng.choice(plan.deployments).model
+            return PlanFault(at_ms, kind, model=model, replicas=rng.randint(0, 4))
+    raise ValueError(f"unknown fault kind {kind!r}")
+
+
+# --- what the plan implies ---------------------------------------------------------------------
+
+
+def heal_faults(plan: Plan) -> tuple[PlanFault, ...]:
+    """The heal at `plan.heal_at_ms`: restart every node down by then (killed or crashed, not
+    restarted since), uncordon every node cordoned or drained, and set every deployment whose
+    count was changed back to its own."""
+    down: dict[str, bool] = {}
+    cordoned: set[str] = set()
+    wanted = {d.model: d.replicas for d in plan.deployments}
+    current = dict(wanted)
+    for f in plan.faults:
+        if f.kind in ("kill_node", "crash_node"):
+            down[f.node] = True
+        elif f.kind == "restart_node":
+            down[f.node] = False
+        elif f.kind == "set_replicas":
+            current[f.model] = f.replicas
+        elif f.kind in ("cordon", "drain"):
+            cordoned.add(f.node)
+    at = plan.heal_at_ms
+    uncordons = [PlanFault(at, "uncordon", node=n.name) for n in plan.nodes if n.name in cordoned]
+    restarts = [PlanFault(at, "restart_node", node=n.name) for n in plan.nodes if down.get(n.name)]
+    sets = [
+        PlanFault(at, "set_replicas", model=d.model, replicas=d.replicas)
+        for d in plan.deployments
+        if current[d.model] != wanted[d.model]
+    ]
+    return (*restarts, *uncordons, *sets)
+
+
+def failed_gpus(plan: Plan) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for f in plan.faults:
+        if f.kind == "fail_gpu":
+            out.setdefault(f.node, set()).add(f.gpu)
+    return out
+
+
+def liveness_bound_ms(plan: Plan) -> int:
+    """How long after the heal every deployment must be back to its desired count of ready
+    replicas (docs/fuzzing.md derives it): a node silent since before the heal is lost
+    (`node_lost_after`); the last replica started before the heal misses its start deadline
+    (`2 x load + start_grace`) or its hung leader runs out of grace; the nodes it blamed stay
+    quarantined, or its replacement backs off (`max(quarantine_for, restart_backoff_max)`); the
+    replacement loads (`load`); plus `SLACK_MS`."""
+    t = plan.timings
+    load = max((p.load_ms for p in plan.profiles), default=0)
+    recover = max(2 * load + t.start_grace_ms, t.probe_interval_ms + t.unresponsive_grace_ms)
+    wait = max(t.quarantine_for_ms, t.restart_backoff_max_ms)
+    return t.node_lost_after_ms + recover + wait + load + SLACK_MS
+
+
+def duration_ms(plan: Plan) -> int:
+    return plan.heal_at_ms + liveness_bound_ms(plan)
+
+
+def capacity_allows(plan: Plan) -> bool:
+    """Whether the healed fleet, less its failed GPUs, holds every desired replica however the
+    controller lays them out: for each demanded profile, the other desired replicas, placed as
+    adversarially as their shard sizes permit, cannot use up every fabric that could hold one
+    more replica of it. Conservative: when False, liveness is not asserted."""
+    failed = failed_gpus(plan)
+    shards: list[int] = []  # the GPU count of every desired shard
+    demanded: list[PlanProfile] = []
+    for d in plan.deployments:
+        p = plan.profile(d.profile)
+        shards.extend([p.gpus_per_node] * (p.nodes * d.replicas))
+        if d.replicas > 0 and p not in demanded:
+            demanded.append(p)
+    for p in demanded:
+        others = list(shards)
+        for _ in range(p.nodes):
+            others.remove(p.gpus_per_node)
+        if not others:
+            if not _fits_empty(plan, p, failed):
+                return False
+            continue
+        smallest, largest = min(others), max(others)
+        cost_shards = cost_gpus = 0
+        for _, members in plan.fabrics:
+            free = [n.gpus - len(failed.get(n.name, ())) for n in members]
+            eligible = sorted(f for f in free if f >= p.gpus_per_node)
+            if len(eligible) < p.nodes:
+                continue  # this fabric can never hold one: nothing to block
+            for f in eligible[: len(eligible) - p.nodes + 1]:  # the cheapest nodes to block
+                need = f - p.gpus_per_node + 1  # GPUs to take for fewer than g to be free
+                k = -(-need // largest)
+                cost_shards += k
+                cost_gpus += max(need, k * smallest)
+        if cost_shards == 0 or (cost_shards <= len(others) and cost_gpus <= sum(others)):
+            return False
+    return True
+
+
+def _fits_empty(plan: Plan, p: PlanProfile, failed: dict[str, set[int]]) -> bool:
+    for _, members in plan.fabrics:
+        free = [n.gpus - len(failed.get(n.name, ())) for n in members]
+        if sum(1 for f in free if f >= p.gpus_per_node) >= p.nodes:
+            return True
+    return False
+
+
+# --- the scenario file -------------------------------------------------------------------------
+
+_TIMING_KEYS = {k.attr: k for k in setting_keys(Timings)}
+_DEFAULTS = Timings()
+
+
+def _timing_lines(t: Timings) -> list[str]:
+    lines = []
+    for f in fields(Timings):
+        value = getattr(t, f.name)
+        if value == getattr(_DEFAULTS, f.name) and f.name != "node_suspect_after_ms":
+            continue
+        key = _TIMING_KEYS[f.name]
+        text = fmt_duration(value) if key.kind == "duration" else str(value)
+        lines.append(f"  {key.key}: {text}")
+    return lines
+
+
+def _fault_line(f: PlanFault, fault_id: str) -> str:
+    head = f"  - {{id: {fault_id}, at: {fmt_duration(f.at_ms)}, "
+    match f.kind:
+        case "kill_node" | "crash_node" | "restart_node" | "cordon" | "uncordon" | "drain":
+            body = f"{f.kind}: {f.node}"
+        case "restart_agent":
+            body = f"restart_agent: {{node: {f.node}, down_for: {fmt_duration(f.for_ms)}}}"
+        case "partition":
+            body = f"partition: {{nodes: [{', '.join(f.nodes)}], for: {fmt_duration(f.for_ms)}}}"
+        case "kill_engine" | "hang_engine":
+            body = f"{f.kind}: {{node: {f.node}, replica_of: {f.model}}}"
+        case "restart_controller":
+            body = f"restart_controller: {{down_for: {fmt_duration(f.for_ms)}}}"
+        case "fail_gpu":
+            body = f"fail_gpu: {{node: {f.node}, gpu: {f.gpu}}}"
+        case "fabric_down":
+            body = f"fabric_down: {{fabric: {f.fabric}, for: {fmt_duration(f.for_ms)}}}"
+        case "set_replicas":
+            body = f"set_replicas: {{model: {f.model}, replicas: {f.replicas}}}"
+        case _:
+            raise ValueError(f"unknown fault kind {f.kind!r}")
+    return head + body + "}"
+
+
+TRAFFIC_RATE = "6/min"
+"""Each generated deployment's traffic."""
+
+
+def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
+    """The plan as a scenario file: the fault phase (ids f01...), the heal (ids heal01...) and,
+    when `capacity_allows(plan)`, the liveness expectation at the end."""
+    kinds = ", ".join(plan.enabled)
+    desc = description or f"generated by llmgw-twin fuzz from seed {plan.seed}; enabled: {kinds}"
+    out = [
+        f"name: {name or f'fuzz-seed-{plan.seed}'}",
+        f"description: {_quote(desc)}",
+        f"seed: {plan.seed}",
+        f"duration: {fmt_duration(duration_ms(plan))}",
+        "",
+        "timings:",
+        *_timing_lines(plan.timings),
+        "",
+        "cluster:",
+        "  fabrics:",
+        *(f"    {f}: [{', '.join(n.name for n in members)}]" for f, members in plan.fabrics),
+        "  nodes:",
+        "    default: {gpus: 8, gpu_memory: 80GiB, engines: [sim]}",
+        *(f"    {n.name}: {{gpus: {n.gpus}}}" for n in plan.nodes if n.gpus != 8),
+    ]
+    if plan.profiles:
+        out += ["", "profiles:"]
+        for p in plan.profiles:
+            out.append(
+                f"  {p.name}: {{engine: sim, nodes: {p.nodes}, gpus_per_node: {p.gpus_per_node}, "
+                f"load_time: {fmt_duration(p.load_ms)}, model: /models/{p.name}}}"
+            )
+    if plan.deployments:
+        out += ["", "deployments:"]
+        out += [
+            f"  - {{model: {d.model}, profile: {d.profile}, replicas: {d.replicas}}}"
+            for d in plan.deployments
+        ]
+    heal = heal_faults(plan)
+    if plan.faults or heal:
+        out += ["", "faults:"]
+        out += [_fault_line(f, f"f{i + 1:02d}") for i, f in enumerate(plan.faults)]
+        out += [_fault_line(f, f"heal{i + 1:02d}") for i, f in enumerate(heal)]
+    if plan.deployments:
+        # clients through the router all along: `routes_to_ready` is judged on every pick
+        out += ["", "traffic:"]
+        out += [f"  - {{model: {d.model}, rate: {TRAFFIC_RATE}}}" for d in plan.deployments]
+    if plan.deployments and capacity_allows(plan):
+        ready = ", ".join(f"{d.model}: {d.replicas}" for d in plan.deployments)
+        out += [
+            "",
+            "expect:",
+            "  # liveness: back to the desired counts within "
+            f"{fmt_duration(liveness_bound_ms(plan))} of the heal",
+            "  - at: end",
+            f"    ready_replicas: {{{ready}}}",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

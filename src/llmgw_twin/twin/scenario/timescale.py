@@ -1,0 +1,148 @@
+"""Scale every duration of a scenario by one factor, and widen its windows for wall-clock runs.
+
+`scale_scenario(s, 0.1)` is the same story ten times faster: every duration among the timings
+(counts and shares stay), load times and start timeouts, fault instants and durations,
+expectation windows and instants, the interval between requests, and the run's length, all
+multiplied (rounded to whole
+milliseconds, never below 1 ms where zero would mean something else). Real mode runs the
+scaled file on real processes, whose timings carry noise the twin does not have: `widen` pads
+every event window by a stated tolerance so that a verdict says what the twin predicted, give or
+take that much (a window that forbids, narrowed instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+from typing import assert_never
+
+from llmgw_twin.control.model import Timings
+from llmgw_twin.twin.scenario.limits import MAX_RATE_PER_S
+from llmgw_twin.twin.scenario.model import (
+    Cordon,
+    CrashNode,
+    DeleteDeployment,
+    EventExpectation,
+    Expectation,
+    FabricDown,
+    FailGpu,
+    Fault,
+    FaultAction,
+    HangEngine,
+    KillEngine,
+    KillNode,
+    Partition,
+    RequestsExpectation,
+    RestartAgent,
+    RestartController,
+    RestartNode,
+    Scenario,
+    SetReplicas,
+    StateExpectation,
+    Traffic,
+)
+from llmgw_twin.units import setting_keys
+
+_TIMING_KEYS = setting_keys(Timings)
+
+
+def _ms(value: int, factor: float, floor: int = 0) -> int:
+    return max(floor, round(value * factor))
+
+
+def _action(action: FaultAction, factor: float) -> FaultAction:
+    match action:
+        case Partition(nodes=nodes, for_ms=for_ms):
+            return Partition(nodes, _ms(for_ms, factor, 1))
+        case FabricDown(fabric=fabric, for_ms=for_ms):
+            return FabricDown(fabric, _ms(for_ms, factor, 1))
+        case RestartController(down_for_ms=down):
+            return RestartController(_ms(down, factor))
+        case RestartAgent(node=node, down_for_ms=down):
+            return RestartAgent(node, _ms(down, factor))
+        case (
+            KillNode()
+            | CrashNode()
+            | RestartNode()
+            | KillEngine()
+            | HangEngine()
+            | FailGpu()
+            | SetReplicas()
+            | Cordon()
+            | DeleteDeployment()
+        ):
+            return action  # instantaneous: only its time moves, and `at_ms` is scaled apart
+        case _:
+            assert_never(action)
+
+
+def _expectation(exp: Expectation, factor: float) -> Expectation:
+    if isinstance(exp, EventExpectation | RequestsExpectation):
+        return replace(exp, start_ms=_ms(exp.start_ms, factor), end_ms=_ms(exp.end_ms, factor))
+    return replace(exp, at_ms=_ms(exp.at_ms, factor))
+
+
+def _traffic(traffic: Traffic, factor: float) -> Traffic:
+    """The same requests over the scaled run: the interval between them scales."""
+    ratio = Fraction(traffic.every_ms) * Fraction(factor) / traffic.count
+    ratio = max(ratio.limit_denominator(1_000_000), Fraction(1, MAX_RATE_PER_S // 1_000))
+    return replace(traffic, count=ratio.denominator, every_ms=ratio.numerator)
+
+
+def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
+    if factor <= 0:
+        raise ValueError("the time scale must be positive")
+    t = scenario.timings
+    timings = replace(
+        t,
+        **{
+            k.attr: _ms(getattr(t, k.attr), factor, k.minimum)
+            for k in _TIMING_KEYS
+            if k.kind == "duration"
+        },
+    )
+    profiles = tuple(
+        replace(
+            p,
+            load_time_ms=_ms(p.load_time_ms, factor),
+            # 0 means "derived from the load time", which scales by itself
+            start_timeout_ms=_ms(p.start_timeout_ms, factor, 1) if p.start_timeout_ms else 0,
+        )
+        for p in scenario.profiles
+    )
+    faults = tuple(
+        Fault(_ms(f.at_ms, factor), _action(f.action, factor), f.id, f.line)
+        for f in scenario.faults
+    )
+    return replace(
+        scenario,
+        duration_ms=_ms(scenario.duration_ms, factor, 1),
+        timings=timings,
+        profiles=profiles,
+        faults=faults,
+        expectations=tuple(_expectation(e, factor) for e in scenario.expectations),
+        traffic=tuple(_traffic(t, factor) for t in scenario.traffic),
+    )
+
+
+def widen(scenario: Scenario, tolerance_ms: int) -> Scenario:
+    """Pad every event window by `tolerance_ms` on both sides (clamped to the run); a `never`
+    window, and a `requests` window (it bounds failures), is narrowed instead, so that it still
+    only forbids what surely falls inside it (one shorter than twice the tolerance is left its
+    midpoint). A state assertion keeps its instant: real mode reads the state there, and again
+    until one reading holds, up to `tolerance_ms` later but never at the next fault
+    (`realmode/checks.state_span`): moving the instant could carry it past a fault."""
+
+    def one(exp: Expectation) -> Expectation:
+        if isinstance(exp, StateExpectation):
+            return exp
+        if isinstance(exp, RequestsExpectation) or exp.never:
+            start, end = exp.start_ms + tolerance_ms, exp.end_ms - tolerance_ms
+            if start > end:
+                start = end = (exp.start_ms + exp.end_ms) // 2
+        else:
+            start = max(0, exp.start_ms - tolerance_ms)
+            end = min(scenario.duration_ms, exp.end_ms + tolerance_ms)
+        return replace(exp, start_ms=start, end_ms=end)
+
+    return replace(scenario, expectations=tuple(one(e) for e in scenario.expectations))

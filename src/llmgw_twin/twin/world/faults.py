@@ -1,0 +1,177 @@
+"""The fault timeline: each fault fires at its instant, is recorded, and changes the world.
+
+Faults act on the world the way the real thing would, never on the controller's memory: a killed
+node just stops (its agent and engines vanish, no more heartbeats), a crashed node stops too but
+its peers see their connections close, a partition cuts links, an engine crash is an exit the
+agent sees, a hung engine is one its agent's probe finds silent, a fabric outage is a link state
+the agents' inventories see, a controller restart kills the controller process (its store
+survives). `set_replicas` is the one operator action: it goes through the controller's
+admin entry point like an API call.
+"""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from llmgw_twin.control.model import Deployment, FabricId, NodeId, TraceEvent
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ControllerEvent,
+    CordonNode,
+    DrainNode,
+    RemoveDeployment,
+)
+from llmgw_twin.twin.scenario.model import (
+    FAULT_KEYS,
+    Cordon,
+    CrashNode,
+    DeleteDeployment,
+    FabricDown,
+    FailGpu,
+    Fault,
+    HangEngine,
+    KillEngine,
+    KillNode,
+    Partition,
+    RestartAgent,
+    RestartController,
+    RestartNode,
+    Scenario,
+    SetReplicas,
+)
+from llmgw_twin.twin.world.controller import ControllerShell
+from llmgw_twin.twin.world.sim import World
+
+ENGINE_CRASH_EXIT_CODE = 137
+"""What a killed engine process exits with (128 + SIGKILL)."""
+
+
+def _action_name(fault: Fault) -> str:
+    for key, cls in FAULT_KEYS.items():
+        if isinstance(fault.action, cls):
+            return key
+    raise AssertionError(fault.action)
+
+
+def schedule_faults(
+    scenario: Scenario,
+    world: World,
+    controller: ControllerShell,
+    trace: list[TraceEvent],
+) -> None:
+    """Put every fault of the scenario on the timeline (the twin models every action)."""
+    deployments = {d.model: d for d in scenario.deployments}
+
+    cuts: dict[NodeId, int] = {}
+    downs: dict[FabricId, int] = {}
+
+    def inject(fault: Fault) -> None:
+        subjects = fault_subjects(fault)
+        trace.append(TraceEvent.of(world.now, "fault.injected", fault=fault.id, **subjects))
+        match fault.action:
+            case KillNode(node=node):
+                world.nodes[node].kill()
+            case CrashNode(node=node):
+                world.nodes[node].crash()
+            case RestartNode(node=node):
+                world.nodes[node].boot()
+            case RestartAgent(node=node, down_for_ms=down_for_ms):
+                world.nodes[node].restart_agent(down_for_ms)
+            case SetReplicas(model=model, replicas=replicas):
+                dep = deployments[model]
+                deployments[model] = Deployment(dep.model, dep.profile, replicas)
+                controller.operator(ApplyDeployment(deployments[model]))
+            case Cordon() | DeleteDeployment():
+                controller.operator(_operator_call(fault.action))
+            case Partition(nodes=nodes, for_ms=for_ms):
+                for node in nodes:  # overlapping partitions: the link heals with the last
+                    world.heartbeats.land(node)  # its heartbeats stop reaching the controller
+                    cuts[node] = cuts.get(node, 0) + 1
+                    world.network.cut_from_controller(node)
+                world.later(for_ms, lambda: _heal(world, nodes, cuts))
+            case RestartController(down_for_ms=down_for_ms):
+                controller.crash()
+                world.later(down_for_ms, controller.restart)
+            case FailGpu(node=node, gpu=gpu):
+                world.nodes[node].fail_gpu(gpu)
+            case FabricDown(fabric=fabric, for_ms=for_ms):
+                downs[fabric] = downs.get(fabric, 0) + 1
+                world.network.cut_fabric(fabric)
+                for node in world.network.fabric_links(fabric):
+                    world.nodes[node].fabric_link(False)  # the inventory sees the ports go down
+                    world.nodes[node].lose_peers()
+                world.later(for_ms, lambda: _restore(world, fabric, downs))
+            case KillEngine() | HangEngine():
+                _engine_fault(world, fault.action)
+            case _:
+                assert_never(fault.action)
+
+    for fault in scenario.faults:
+        world.later(fault.at_ms, lambda f=fault: inject(f))  # type: ignore[misc]
+
+
+def _engine_fault(world: World, action: KillEngine | HangEngine) -> None:
+    """The first engine (by replica id, rank) of the model on the node dies, or hangs (one not
+    hung already)."""
+    sim_node = world.nodes[action.node]
+    for engine in sim_node.engines_sorted():
+        if engine.spec.model != action.replica_of:
+            continue
+        if isinstance(action, KillEngine):
+            sim_node.kill_engine(engine.key, ENGINE_CRASH_EXIT_CODE)
+            return
+        if not engine.hung:
+            sim_node.hang_engine(engine.key)
+            return
+
+
+def _restore(world: World, fabric: FabricId, downs: dict[FabricId, int]) -> None:
+    downs[fabric] -= 1
+    if downs[fabric] == 0:  # overlapping outages: the links come back with the last
+        world.network.restore_fabric(fabric)
+        for node in world.network.fabric_links(fabric):
+            world.nodes[node].fabric_link(True)
+
+
+def _operator_call(action: Cordon | DeleteDeployment) -> ControllerEvent:
+    """The admin API call an operator action of a scenario is."""
+    match action:
+        case Cordon(node=node, op="drain"):
+            return DrainNode(node)
+        case Cordon(node=node, op=op):
+            return CordonNode(node, cordoned=op == "cordon")
+        case DeleteDeployment(model=model):
+            return RemoveDeployment(model)
+
+
+def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> None:
+    for node in nodes:
+        cuts[node] -= 1
+        if cuts[node] == 0:
+            world.network.rejoin_controller(node)
+
+
+def fault_subjects(fault: Fault) -> dict[str, object]:
+    match fault.action:
+        case KillNode(node=node) | CrashNode(node=node) | RestartNode(node=node):
+            return {"action": _action_name(fault), "node": node}
+        case SetReplicas(model=model, replicas=replicas):
+            return {"action": "set_replicas", "model": model, "replicas": replicas}
+        case Cordon(node=node, op=op):
+            return {"action": op, "node": node}
+        case DeleteDeployment(model=model):
+            return {"action": "delete_deployment", "model": model}
+        case Partition(nodes=nodes):
+            return {"action": "partition", "nodes": nodes}
+        case KillEngine(node=node, replica_of=model) | HangEngine(node=node, replica_of=model):
+            return {"action": _action_name(fault), "node": node, "model": model}
+        case RestartController(down_for_ms=down_for_ms):
+            return {"action": "restart_controller", "down_for_ms": down_for_ms}
+        case RestartAgent(node=node, down_for_ms=down_for_ms):
+            return {"action": "restart_agent", "node": node, "down_for_ms": down_for_ms}
+        case FailGpu(node=node, gpu=gpu):
+            return {"action": "fail_gpu", "node": node, "gpu": gpu}
+        case FabricDown(fabric=fabric):
+            return {"action": "fabric_down", "fabric": fabric}
+        case _:
+            assert_never(fault.action)

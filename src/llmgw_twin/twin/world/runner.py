@@ -1,0 +1,182 @@
+"""Run one scenario in virtual time and judge it.
+
+`run_scenario` builds the world (network, nodes, agents), a controller shell around the real
+controller core, the fault timeline and the checkers, runs SimPy to the scenario's end, and
+returns a `RunResult`: the trace, every expectation's outcome and every invariant's violations.
+Same scenario and seed, same trace, byte for byte: all randomness comes from one seeded
+`random.Random`, time is integer milliseconds, and SimPy breaks ties by scheduling order.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+
+import simpy
+
+from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.control.protocol import ControllerEvent
+from llmgw_twin.engines.registry import adapter_for
+from llmgw_twin.twin.scenario.model import (
+    EventExpectation,
+    RequestsExpectation,
+    Scenario,
+    StateExpectation,
+)
+from llmgw_twin.twin.world.controller import ControllerShell
+from llmgw_twin.twin.world.expect import Outcome, judge_event, judge_requests, judge_state
+from llmgw_twin.twin.world.faults import schedule_faults
+from llmgw_twin.twin.world.network import Network
+from llmgw_twin.twin.world.sim import World
+
+
+class UnsupportedScenario(Exception):
+    """The file is valid but asks for something the twin cannot run yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantResult:
+    name: str
+    enabled: bool
+    off_reason: str | None
+    checks: int
+    violations: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    scenario: Scenario
+    seed: int
+    trace: tuple[TraceEvent, ...]
+    expectations: tuple[Outcome, ...]
+    invariants: tuple[InvariantResult, ...]
+    virtual_ms: int
+    engine_starts: int
+    engine_starts_by_ms: tuple[int, ...] = ()
+    """When each engine process was started (virtual ms): restarts are visible here even when
+    the controller does not know of them."""
+    requests: dict[str, dict[str, int]] | None = None
+    """Per model with traffic: sent, served, failed, failed in flight (`world/traffic.py`); None
+    without traffic."""
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.expectations) and not any(
+            i.enabled and i.violations for i in self.invariants
+        )
+
+    @property
+    def trace_sha256(self) -> str:
+        return trace_sha256(self.trace)
+
+
+def canonical_event(ev: TraceEvent) -> str:
+    return json.dumps(ev.as_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def trace_sha256(trace: tuple[TraceEvent, ...] | list[TraceEvent]) -> str:
+    digest = hashlib.sha256()
+    for ev in trace:
+        digest.update(canonical_event(ev).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def check_supported(scenario: Scenario) -> None:
+    for profile in scenario.profiles:
+        try:
+            adapter_for(profile.engine)
+        except KeyError as e:
+            raise UnsupportedScenario(f"profile {profile.name}: {e.args[0]}") from None
+
+
+def run_scenario(scenario: Scenario, seed: int | None = None, bulk: bool = True) -> RunResult:
+    """`bulk`: account for quiet heartbeats in bulk (the same result as one event per heartbeat,
+    `twin/world/heartbeats.py`); False runs every heartbeat as its two events."""
+    check_supported(scenario)
+    run_seed = scenario.seed if seed is None else seed
+    env = simpy.Environment()
+    trace: list[TraceEvent] = []
+    network = Network(scenario.fabrics)
+    shell: ControllerShell | None = None
+
+    def to_controller(msg: ControllerEvent) -> None:
+        if shell is not None:
+            shell.receive(msg)
+
+    world = World(
+        env, scenario.nodes, network, scenario.timings, random.Random(run_seed), to_controller, bulk
+    )
+    shell = ControllerShell(scenario, world, trace)
+    world.heartbeats.receive = shell.receive_heartbeat
+    world.heartbeats.on_coast = shell.coast
+    world.heartbeats.on_land = shell.land
+    schedule_faults(scenario, world, shell, trace)
+    for name in sorted(world.nodes):
+        world.nodes[name].boot()
+    # the world, the fleet and the controller live for the whole run: keep the collector from
+    # walking them again at every full collection (it still collects what the run creates)
+    gc.freeze()
+    try:
+        return _run(scenario, run_seed, env, world, shell, trace)
+    finally:
+        gc.unfreeze()
+
+
+def _run(
+    scenario: Scenario,
+    run_seed: int,
+    env: simpy.Environment,
+    world: World,
+    shell: ControllerShell,
+    trace: list[TraceEvent],
+) -> RunResult:
+
+    outcomes: dict[int, Outcome] = {}
+    # Run in segments that end just after each state check's instant: times are whole
+    # milliseconds, so running to t+1 processes every event of instant t and none later.
+    states = sorted(
+        (exp.at_ms, i, exp)
+        for i, exp in enumerate(scenario.expectations)
+        if isinstance(exp, StateExpectation)
+    )
+    for at_ms, i, state_exp in states:
+        if at_ms + 1 > env.now:
+            env.run(until=at_ms + 1)
+        outcomes[i] = judge_state(state_exp, shell.core)
+    if scenario.duration_ms + 1 > env.now:
+        env.run(until=scenario.duration_ms + 1)
+    shell.checks.at_end(shell.core, scenario.duration_ms)
+
+    for i, exp in enumerate(scenario.expectations):
+        if isinstance(exp, EventExpectation):
+            outcomes[i] = judge_event(exp, trace)
+        elif isinstance(exp, RequestsExpectation):
+            assert shell.traffic is not None  # the loader asks for traffic to the model
+            counts = shell.traffic.counts[exp.model]
+            outcomes[i] = judge_requests(exp, counts.arrivals, counts.failed_at)
+    off = dict(scenario.invariants_off)
+    invariants = tuple(
+        InvariantResult(
+            name,
+            name not in off,
+            off.get(name),
+            shell.checks.checks[name],
+            tuple(shell.checks.violations[name]),
+        )
+        for name in shell.checks.violations
+    )
+    return RunResult(
+        scenario=scenario,
+        seed=run_seed,
+        trace=tuple(trace),
+        expectations=tuple(outcomes[i] for i in range(len(scenario.expectations))),
+        invariants=invariants,
+        virtual_ms=scenario.duration_ms,
+        engine_starts=world.engine_starts,
+        engine_starts_by_ms=tuple(world.engine_start_times),
+        requests=None if shell.traffic is None else shell.traffic.report(),
+    )

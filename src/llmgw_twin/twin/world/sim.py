@@ -1,0 +1,145 @@
+"""The simulated world: the clock (SimPy), the network, the nodes (`node.SimNode`), and ground
+truth for the checkers: which engine holds which GPU.
+
+A hung engine stays alive and answers nothing; so does its leader, whose collective stalls. The
+agent shell probes its serving leaders every `probe_interval`; the model costs no periodic event
+per engine: a hang schedules one probe, one interval later, at the leader's node.
+
+`World` owns the clock (SimPy), the network, the nodes, and ground truth for the checkers: which
+engine holds which GPU.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import simpy
+
+from llmgw_twin.control.model import NodeId, NodeInfo, ReplicaId, ShardKey, Timings
+from llmgw_twin.control.protocol import AgentEvent, ControllerEvent, EngineUnresponsive
+from llmgw_twin.twin.world.heartbeats import Heartbeats
+from llmgw_twin.twin.world.network import Network
+from llmgw_twin.twin.world.node import PEER_LOST_EXIT_CODE, SimEngine, SimNode
+
+
+class World:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        nodes: tuple[NodeInfo, ...],
+        network: Network,
+        timings: Timings,
+        rng: random.Random,
+        to_controller: Callable[[ControllerEvent], None],
+        bulk: bool = True,
+    ) -> None:
+        self.env = env
+        self.network = network
+        self.timings = timings
+        self.rng = rng
+        self._to_controller = to_controller
+        self.nodes: dict[NodeId, SimNode] = {n.node: SimNode(self, n) for n in nodes}
+        self.gpu_holder: dict[tuple[NodeId, int], ShardKey] = {}
+        self.gpu_violations: list[str] = []
+        self.waiting: dict[ReplicaId, list[SimEngine]] = {}
+        """Workers started before their leader bound its rendezvous point."""
+        self.failed_gpus: set[tuple[NodeId, int]] = set()
+        self.engine_starts = 0
+        self.engine_start_times: list[int] = []
+        self.heartbeats = Heartbeats(self, bulk)
+        self.on_engine_stopped: Callable[[SimEngine, bool], None] | None = None
+        """Told of every engine that stops, and whether its connections closed (its process
+        died on a running node, or its node crashed) rather than went silent (power off)."""
+
+    @property
+    def now(self) -> int:
+        return int(self.env.now)
+
+    def later(self, delay_ms: int, fn: Callable[[], None]) -> None:
+        """Run `fn` after `delay_ms` of virtual time (a bare timeout: no process per message)."""
+        ev = self.env.timeout(delay_ms)
+        ev.callbacks.append(lambda _ev: fn())
+
+    def send_to_controller(self, node: NodeId, msg: ControllerEvent) -> None:
+        latency = self.network.control_latency_ms(node)
+        if latency is not None:
+            self.later(latency, lambda: self._to_controller(msg))
+
+    def send_to_agent(self, node: NodeId, msg: AgentEvent) -> None:
+        latency = self.network.control_latency_ms(node)
+        if latency is None:
+            return
+        target = self.nodes[node]
+        generation = target.generation
+        self.later(latency, lambda: target.deliver(msg, generation))
+
+    def engines(self) -> list[SimEngine]:
+        return [e for n in self.nodes.values() for e in n.engines_sorted()]
+
+    def engine(self, node: NodeId, key: ShardKey) -> SimEngine | None:
+        return self.nodes[node].engines.get(key)
+
+    def leader_of(self, engine: SimEngine) -> SimEngine | None:
+        """The running leader (rank 0) of `engine`'s replica, on the leader's node."""
+        if engine.spec.rank == 0:
+            return engine
+        leader = self.nodes[engine.spec.leader].engines.get(ShardKey(engine.spec.replica, 0))
+        return None if leader is None or leader.stopped else leader
+
+    # --- process faults ------------------------------------------------------------------------
+
+    def hang(self, engine: SimEngine) -> None:
+        """`engine` stops answering and making progress, and so does its leader (a hung worker
+        stalls the replica's collective); the leader's agent notices at its next probe."""
+        engine.hung = True
+        leader = self.leader_of(engine)
+        if leader is None:
+            return  # a worker whose leader is not running yet: the leader will never serve
+        leader.hung = True
+        leader_node = leader.node
+        generation = leader_node.generation
+
+        def probe() -> None:
+            if (
+                leader_node.up
+                and leader_node.generation == generation
+                and leader_node.engines.get(leader.key) is leader
+                and not leader.stopped
+                and leader.serving
+            ):
+                leader_node.deliver(EngineUnresponsive(leader.key), generation)
+
+        self.later(self.timings.probe_interval_ms, probe)
+
+    def peers_lost(self, replicas: set[ReplicaId], crashed: NodeId) -> None:
+        """The processes of `replicas` on `crashed` died and their sockets closed: every engine
+        of those replicas on another node exits, having lost its peer (a hung one notices
+        nothing)."""
+        for name in sorted(self.nodes):
+            if name == crashed:
+                continue
+            node = self.nodes[name]
+            for engine in node.engines_sorted():
+                if engine.spec.replica in replicas and not engine.hung:
+                    node.kill_engine(engine.key, PEER_LOST_EXIT_CODE)
+
+    # --- GPU ground truth --------------------------------------------------------------------
+
+    def hold_gpus(self, engine: SimEngine) -> None:
+        for g in engine.spec.gpus:
+            slot = (engine.spec.node, g)
+            holder = self.gpu_holder.get(slot)
+            if holder is not None and holder != engine.key:
+                self.heartbeats.land_all()  # reported at the controller's next step, whichever
+                self.gpu_violations.append(
+                    f"t={self.now}ms GPU {g} of {engine.spec.node} held by "
+                    f"{holder.replica}/{holder.rank} and {engine.key.replica}/{engine.key.rank}"
+                )
+            self.gpu_holder[slot] = engine.key
+
+    def free_gpus(self, engine: SimEngine) -> None:
+        for g in engine.spec.gpus:
+            slot = (engine.spec.node, g)
+            if self.gpu_holder.get(slot) == engine.key:
+                del self.gpu_holder[slot]

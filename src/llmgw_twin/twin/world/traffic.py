@@ -1,0 +1,280 @@
+"""Traffic in the twin: clients' requests through a router process, judged against ground truth.
+
+A scenario's `traffic` sends requests at a steady rate for the whole run. They go through a
+router that runs beside the controller as its own process (as `llmgw-twin router` does): it
+follows the controller's events, keeps its table while the controller is down, and takes a
+restarted controller's snapshot (`control.routing.Router.resync`), using the same routing core as
+the service. Every pick is checked by `routes_to_ready`.
+
+A picked replica answers when every one of its engines is running, not hung, on a node that is
+up, and its leader is reachable from the router over the management network. Otherwise the
+attempt fails as a client would see it: a refused connection (the leader's process is gone, its
+node up) at once, an unreachable or powered-off node after the connect timeout, a stalled
+replica (a hung engine, a worker node powered off) after the first-byte timeout. A request that
+was accepted fails when an engine of its replica stops or hangs before the answer is complete:
+at once when the engine's connections closed (its process died, its node crashed, it was
+stopped), at the first-byte timeout when the replica went silent (power off, a hang, a cut).
+Answers are read whole before the client gets a byte (the router buffers a non-streamed answer),
+so a failed first attempt is retried once on another replica. The outcome of every attempt goes
+back to the routing core (passive ejection).
+
+Requests are counted by model and by arrival: sent, served, failed, and failed in flight (the
+request was accepted by a replica that then died under it, and it still failed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from llmgw_twin.control.controller import Controller
+from llmgw_twin.control.model import ModelName, ReplicaId, ReplicaState, ShardKey
+from llmgw_twin.control.routing import Router, RouterTimeouts, snapshot_of
+from llmgw_twin.twin.scenario.model import Scenario, Traffic
+from llmgw_twin.twin.world.checks import Invariants
+from llmgw_twin.twin.world.node import SimEngine, SimNode
+from llmgw_twin.twin.world.sim import World
+
+FIRST_TOKEN_MS = 20
+"""The sim engine's time to the first token, in the twin."""
+TOKEN_MS = 2
+"""And per token after it."""
+
+
+class Answer(Enum):
+    OK = "ok"
+    REFUSED = "refused"  # nothing listens: the leader's process is gone
+    UNREACHABLE = "unreachable"  # the node is off or cut off: the connect times out
+    STALLED = "stalled"  # accepted, never answered
+
+
+@dataclass(slots=True)
+class Counts:
+    """One model's requests."""
+
+    arrivals: list[int] = field(default_factory=list)  # arrival time of each request, in order
+    failed_at: list[int] = field(default_factory=list)  # arrival times of the failed ones
+    in_flight: int = 0
+    retried: int = 0
+    no_replica: int = 0
+
+    def as_dict(self, ejections: int) -> dict[str, int]:
+        sent = len(self.arrivals)
+        return {
+            "sent": sent,
+            "served": sent - len(self.failed_at),
+            "failed": len(self.failed_at),
+            "failed_in_flight": self.in_flight,
+            "failed_no_replica": self.no_replica,
+            "retried": self.retried,
+            "ejections": ejections,
+        }
+
+
+_Engines = tuple[tuple[SimNode, int, SimEngine], ...]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An attempt a replica accepted."""
+
+    traffic: Traffic
+    arrived: int
+    replica: ReplicaId
+    retry: bool  # a failure may still be retried
+    done: bool = False
+
+
+class TrafficRouter:
+    """The router process, the clients, and the requests' counts."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        world: World,
+        checks: Invariants,
+        core: Callable[[], Controller],
+        controller_up: Callable[[], bool],
+    ) -> None:
+        self.world = world
+        self.checks = checks
+        self._core = core
+        self._up = controller_up
+        self.timeouts = RouterTimeouts()
+        self.router = Router()
+        self.counts: dict[ModelName, Counts] = {t.model: Counts() for t in scenario.traffic}
+        self._ejections: dict[ModelName, int] = dict.fromkeys(self.counts, 0)
+        self._ready_when_down: frozenset[ReplicaId] = frozenset()
+        self._end_ms = scenario.duration_ms
+        self._inflight: dict[ReplicaId, list[_Pending]] = {}
+        """Requests a replica has accepted and not answered yet."""
+        world.on_engine_stopped = self.engine_stopped
+        for traffic in scenario.traffic:
+            self._next(traffic, 0)
+
+    # --- following the controller --------------------------------------------------------------
+
+    def controller_died(self, core: Controller) -> None:
+        """The router keeps its table; what it may still pick is what a controller called ready
+        last (judged by `routes_to_ready` until a new controller speaks of it)."""
+        self._ready_when_down = frozenset(
+            r.id
+            for r in core.replicas()
+            if r.state is ReplicaState.READY
+            # restored after an earlier outage and not judged since: still that word
+            or (r.state is ReplicaState.ADOPTING and r.id in self._ready_when_down)
+        )
+
+    def controller_started(self, core: Controller) -> None:
+        self.router.resync(snapshot_of(core.replicas()))
+
+    # --- clients -------------------------------------------------------------------------------
+
+    def _next(self, traffic: Traffic, i: int) -> None:
+        at = traffic.arrival_ms(i)
+        if at > self._end_ms:
+            return
+
+        def arrive() -> None:
+            self._next(traffic, i + 1)
+            self._request(traffic, at)
+
+        self.world.later(at - self.world.now, arrive)
+
+    def _request(self, traffic: Traffic, arrived: int) -> None:
+        counts = self.counts[traffic.model]
+        counts.arrivals.append(arrived)
+        self._attempt(traffic, arrived, first=None, died=False)
+
+    def _attempt(self, traffic: Traffic, arrived: int, first: ReplicaId | None, died: bool) -> None:
+        """One try of a request; `first` is the replica a retry must avoid, `died` whether the
+        request was on a replica that died under it."""
+        counts = self.counts[traffic.model]
+        now = self.world.now
+        exclude = () if first is None else (first,)
+        route = self.router.pick(traffic.model, now, exclude)
+        if route is None:
+            counts.failed_at.append(arrived)
+            counts.no_replica += 1
+            counts.in_flight += died
+            return
+        self._judge_pick(route.replica, now)
+        engines, answer = self._reach(route.replica)
+        retry = first is None
+        if answer is not Answer.OK:
+            delay = {
+                Answer.REFUSED: 0,
+                Answer.UNREACHABLE: self.timeouts.connect_ms,
+                Answer.STALLED: self.timeouts.first_byte_ms,
+            }[answer]
+            self.world.later(
+                delay, lambda: self._failed(traffic, arrived, route.replica, retry, died)
+            )
+            return
+        pending = _Pending(traffic, arrived, route.replica, retry)
+        self._inflight.setdefault(route.replica, []).append(pending)
+        done_ms = FIRST_TOKEN_MS + TOKEN_MS * max(traffic.tokens - 1, 0)
+
+        def complete() -> None:
+            if pending.done:
+                return  # its connection closed before: failed then
+            if _broken(engines, self.world):  # it went silent: the client waits it out
+                self.world.later(max(self.timeouts.first_byte_ms - done_ms, 0), give_up)
+                return
+            self._settle(pending)
+            self._finished(traffic.model, route.replica, True)
+
+        def give_up() -> None:
+            if not pending.done:
+                self._settle(pending)
+                self._failed(traffic, arrived, route.replica, retry, True)
+
+        self.world.later(done_ms, complete)
+
+    def engine_stopped(self, engine: SimEngine, sockets_close: bool) -> None:
+        """An engine stopped: when its connections closed, every request its replica holds
+        fails now (a powered-off node's just go silent: their clients time out)."""
+        if not sockets_close:
+            return
+        for pending in self._inflight.pop(engine.spec.replica, []):
+            if not pending.done:
+                pending.done = True
+                self._failed(pending.traffic, pending.arrived, pending.replica, pending.retry, True)
+
+    def _settle(self, pending: _Pending) -> None:
+        pending.done = True
+        held = self._inflight.get(pending.replica)
+        if held is not None:
+            held.remove(pending)
+            if not held:
+                del self._inflight[pending.replica]
+
+    def _failed(
+        self,
+        traffic: Traffic,
+        arrived: int,
+        rid: ReplicaId,
+        retry: bool,
+        died: bool,
+    ) -> None:
+        self._finished(traffic.model, rid, False)
+        counts = self.counts[traffic.model]
+        if retry:
+            counts.retried += 1
+            self._attempt(traffic, arrived, first=rid, died=died)
+            return
+        counts.failed_at.append(arrived)
+        counts.in_flight += died
+
+    def _finished(self, model: ModelName, rid: ReplicaId, ok: bool) -> None:
+        if self.router.finished(rid, ok, self.world.now):
+            self._ejections[model] += 1
+
+    # --- ground truth --------------------------------------------------------------------------
+
+    def _judge_pick(self, rid: ReplicaId, now: int) -> None:
+        """`routes_to_ready` for this router: the replica is ready by the controller's word, or
+        by the last word of a controller that died (down, or restarted and not judging it yet)."""
+        core = self._core()
+        rec = core.replica(rid)
+        if rid in self._ready_when_down and (
+            not self._up() or (rec is not None and rec.state is ReplicaState.ADOPTING)
+        ):
+            self.checks.checks["routes_to_ready"] += 1
+            return
+        self.checks.routed(core, now, rid)
+
+    def _reach(self, rid: ReplicaId) -> tuple[_Engines, Answer]:
+        rec = self._core().replica(rid)
+        if rec is None or not rec.specs:
+            return (), Answer.REFUSED
+        leader_node = self.world.nodes[rec.specs[0].node]
+        if not leader_node.up or self.world.network.control_latency_ms(leader_node.name) is None:
+            return (), Answer.UNREACHABLE
+        engines: list[tuple[SimNode, int, SimEngine]] = []
+        for spec in rec.specs:
+            node = self.world.nodes[spec.node]
+            engine = node.engines.get(ShardKey(rid, spec.rank))
+            if not node.up:
+                return (), Answer.STALLED  # a worker powered off: the leader's collective hangs
+            if engine is None or engine.stopped or (spec.rank == 0 and not engine.serving):
+                return (), Answer.REFUSED  # the leader is gone, or fails its peer at once
+            if engine.hung:
+                return (), Answer.STALLED
+            engines.append((node, node.generation, engine))
+        return tuple(engines), Answer.OK
+
+    # --- the report ----------------------------------------------------------------------------
+
+    def report(self) -> dict[str, dict[str, int]]:
+        return {m: c.as_dict(self._ejections[m]) for m, c in sorted(self.counts.items())}
+
+
+def _broken(engines: _Engines, world: World) -> bool:
+    """Whether a replica that accepted a request went silent since (its node powered off or cut
+    off, an engine hung); engines that died with their connections closed were told apart."""
+    for node, generation, engine in engines:
+        if not (node.up and node.generation == generation) or engine.stopped or engine.hung:
+            return True
+    return world.network.control_latency_ms(engines[0][0].name) is None
