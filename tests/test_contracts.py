@@ -1,8 +1,9 @@
 """The package boundaries of docs/architecture.md, checked by import-linter on every test run.
 
 `lint-imports` reads the contracts from pyproject.toml: one `layers` contract over every package
-(exhaustive, so a new package must be placed in a layer) and forbidden-module contracts for the
-core, the adapters and the twin. The second test plants a violation in a copy of the tree and
+(exhaustive, so a new package must be placed in a layer), one inside the service (by process)
+and one inside the twin (by job), and forbidden-module contracts for the core, the adapters and
+the twin. The second test plants a violation in a copy of the tree and
 checks that the contracts catch it, so a contract that silently stopped matching would show.
 """
 
@@ -34,10 +35,16 @@ def test_every_contract_is_kept() -> None:
 def test_a_planted_violation_is_caught(tmp_path: Path) -> None:
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("*.egg-info"))
-    core = tmp_path / "src" / "llmgw_twin" / "core" / "health.py"
-    core.write_text(core.read_text() + "\nimport time  # noqa\n")
-    twin = tmp_path / "src" / "llmgw_twin" / "twin" / "network.py"
-    twin.write_text(twin.read_text() + "\nimport llmgw_twin.service.common.wire  # noqa\n")
+    pkg = tmp_path / "src" / "llmgw_twin"
+
+    def plant(path: str, line: str) -> None:
+        (pkg / path).write_text((pkg / path).read_text() + f"\n{line}  # noqa\n")
+
+    plant("control/health.py", "import time")
+    plant("twin/world/network.py", "import llmgw_twin.service.common.wire")
+    plant("service/common/wire.py", "import llmgw_twin.service.controller.app")
+    plant("service/agent/shards.py", "import llmgw_twin.service.router.forwarding")
+    plant("twin/scenario/model.py", "import llmgw_twin.twin.world.sim")
     (tmp_path / "src" / "llmgw_twin" / "extra").mkdir()
     (tmp_path / "src" / "llmgw_twin" / "extra" / "__init__.py").write_text("")
     result = _lint(tmp_path, tmp_path / "src")
@@ -46,4 +53,7 @@ def test_a_planted_violation_is_caught(tmp_path: Path) -> None:
     assert "core does no I/O" in out and "BROKEN" in out
     assert "llmgw_twin.control.health -> time" in out
     assert "llmgw_twin.twin.world.network -> llmgw_twin.service.common.wire" in out
+    assert "llmgw_twin.service.common.wire -> llmgw_twin.service.controller.app" in out
+    assert "llmgw_twin.service.agent.shards -> llmgw_twin.service.router.forwarding" in out
+    assert "llmgw_twin.twin.scenario.model -> llmgw_twin.twin.world.sim" in out
     assert "llmgw_twin.extra" in out  # exhaustive: an unplaced package is an error

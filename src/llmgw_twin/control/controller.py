@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import assert_never
 
-from llmgw_twin.control.assignments import Assignments
 from llmgw_twin.control.defrag import Defragmenter
 from llmgw_twin.control.drain import Drainer
 from llmgw_twin.control.durable import (
@@ -36,7 +35,6 @@ from llmgw_twin.control.durable import (
     PutClock,
     PutSilence,
 )
-from llmgw_twin.control.failures import FailureBook
 from llmgw_twin.control.lifecycle import Lifecycle
 from llmgw_twin.control.model import (
     Deployment,
@@ -51,9 +49,10 @@ from llmgw_twin.control.model import (
     ShardSpec,
     Timings,
 )
+from llmgw_twin.control.moves import Moves
 from llmgw_twin.control.nodes import NodeRegistry
 from llmgw_twin.control.operator import Operator
-from llmgw_twin.control.outbox import Outbox
+from llmgw_twin.control.parts import Books, Liveness
 from llmgw_twin.control.placement import CapacityIndex
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
@@ -72,7 +71,7 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
+from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.reports import ShardReports
 
 QUIET_STEP = Step()
@@ -89,33 +88,25 @@ class Controller:
     def __init__(self, timings: Timings, restored: DurableState | None = None) -> None:
         self.timings = timings
         self._restored = restored
-        self._capacity = CapacityIndex()
-        self._out = Outbox()
-        self._replicas = ReplicaTable()
-        self._assignments = Assignments()
-        self._profiles: dict[ProfileName, Profile] = {}
-        self._deployments: dict[ModelName, Deployment] = {}
-        self._failures = FailureBook(timings)
-        self._fleet = NodeRegistry(
-            timings, self._capacity, self._assignments, self._replicas, self._failures, self._out
-        )
+        books = Books(timings)
+        self._capacity = books.capacity
+        self._out = books.out
+        self._replicas = books.replicas
+        self._assignments = books.assignments
+        self._profiles = books.profiles
+        self._deployments = books.deployments
+        self._failures = books.failures
+        self._live = Liveness(timings)
+        self._moves = Moves(books.capacity, self._live.node_ok)
+        draining: dict[NodeId, bool] = {}
         self._life = Lifecycle(
-            self._replicas,
-            self._assignments,
-            self._capacity,
-            self._profiles,
-            self._deployments,
-            self._out,
-            timings,
-            self._failures,
-            self._fleet.node_ok,
-            self._fleet.counts,
+            books, self._moves, self._live.node_ok, self._live.counts, draining.__contains__
         )
-        self._fleet.life = self._life
+        self._fleet = NodeRegistry(books, self._live, self._life)
         self._defrag = Defragmenter(
-            self._life, self._fleet.node_ok, lambda: not self._fleet.guard.held
+            self._life, self._moves, self._live.node_ok, lambda: not self._live.guard.held
         )
-        self._drain = Drainer(self._life, self._defrag, self._fleet.node_ok)
+        self._drain = Drainer(self._life, self._moves, draining)
         self._reports = ShardReports(self._replicas, self._assignments, self._life, self._out)
         self._operator = Operator(
             self._life, self._profiles, self._deployments, self._failures, self._drain
@@ -184,11 +175,11 @@ class Controller:
 
     def moves(self) -> dict[ReplicaId, ReplicaId]:
         """Defragmentation moves in flight: new copy -> the replica it replaces."""
-        return self._defrag.in_flight
+        return self._defrag.in_flight()
 
     def held_gpus(self) -> dict[NodeId, tuple[int, ...]]:
         """GPUs a defragmentation holds for the replica it makes room for, per node."""
-        return self._defrag.held
+        return self._moves.held
 
     @property
     def drains(self) -> Drainer:

@@ -24,35 +24,13 @@ from collections.abc import Callable
 from llmgw_twin.control.defrag_plan import DefragPlan, Movable, plan_moves
 from llmgw_twin.control.lifecycle import Lifecycle
 from llmgw_twin.control.model import NodeId, ReplicaId, ReplicaState
+from llmgw_twin.control.moves import DEFRAG, Move, Moves
 from llmgw_twin.control.passes import gang_order
 from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.room import Shape
 
 TARGETS_TRIED = 8
 """The most unplaceable replicas (of distinct shapes) one defragmentation tries to make room for."""
-
-
-def can_take_over(rec: ReplicaRecord, node_ok: Callable[[NodeId], bool]) -> bool:
-    """A move's ready copy may take its original's place only once it can be routed to (no node
-    of it suspect, every one heard alive): else the move would trade a serving replica for
-    none. The defragmenter's moves and the drainer's alike."""
-    return not rec.unroutable and all(node_ok(n) for n in rec.nodes)
-
-
-def take_over(life: Lifecycle, copy: ReplicaRecord, original: ReplicaId, why: str = "") -> None:
-    """The copy is ready: its original is reaped in this step (`replica.moved`, then
-    `replica.reaped`), `why` (a drain's `drain of NODE`) said in both when given."""
-    extra = {"reason": why} if why else {}
-    life.out.emit(
-        "replica.moved",
-        model=copy.model,
-        replica=original,
-        to=copy.id,
-        fabric=copy.fabric,
-        nodes=copy.nodes,
-        **extra,
-    )
-    life.reap(life.replicas[original], f"moved to {copy.id}" + (f" ({why})" if why else ""))
 
 
 def _laid_out_as_profiled(rec: ReplicaRecord) -> bool:
@@ -68,104 +46,34 @@ class Defragmenter:
     def __init__(
         self,
         life: Lifecycle,
+        moves: Moves,
         node_ok: Callable[[NodeId], bool],
         may_run: Callable[[], bool],
     ) -> None:
         self._life = life
+        self._moves = moves
         self._node_ok = node_ok
         self._may_run = may_run
-        self._copies: dict[ReplicaId, ReplicaId] = {}  # copy -> original
-        self._originals: dict[ReplicaId, ReplicaId] = {}  # original -> copy
-        self._held: dict[NodeId, tuple[int, ...]] = {}
-        """GPUs free when the moves began that the target is to take: held for it meanwhile."""
-        self._target: ReplicaId | None = None
-        """The pending replica the moves under way make room for."""
         self._next_ms = 0
         self._stages_left = 0
         """Stages the plan under way still has: they go on without waiting for the interval."""
         self.due = False
         """Something changed that may make a plan possible."""
-        life.moves = self
 
-    @property
-    def held(self) -> dict[NodeId, tuple[int, ...]]:
-        """GPUs held for the target of the moves under way, per node."""
-        return dict(self._held)
-
-    @property
     def in_flight(self) -> dict[ReplicaId, ReplicaId]:
         """Copy -> original, for every move not yet done."""
-        return dict(self._copies)
-
-    # --- hooks (`lifecycle.MoveHooks`) -------------------------------------------------------
-
-    def is_copy(self, rid: ReplicaId) -> bool:
-        return rid in self._copies
-
-    def making_room_for(self, rid: ReplicaId) -> bool:
-        return rid == self._target
-
-    def ready(self, rec: ReplicaRecord) -> None:
-        self.due = True  # one more replica that could be moved
-        if rec.id in self._copies:
-            self._complete(rec)
+        return {m.copy: m.original for m in self._moves.in_flight(DEFRAG)}
 
     def settle(self) -> None:
         """Complete every move whose copy is ready and routable by now (one whose node turned
         suspect when it became ready waits until it is heard again)."""
-        for copy in sorted(self._copies):
-            rec = self._life.replicas.get(copy)
+        life = self._life
+        for move in self._moves.in_flight(DEFRAG):
+            rec = life.replicas.get(move.copy)
             if rec is not None and rec.state is ReplicaState.READY:
-                self._complete(rec)
-
-    def _complete(self, rec: ReplicaRecord) -> None:
-        """The copy is ready: its original stops now, unless the copy cannot be routed to (a
-        node suspect, or not heard alive), which would trade a serving replica for none."""
-        if not can_take_over(rec, self._node_ok):
-            return
-        original = self._copies.pop(rec.id)
-        del self._originals[original]
-        take_over(self._life, rec, original)
-        if not self._copies:
-            self._release()
-
-    def _release(self) -> None:
-        """The moves are over (done or broken): what was held for the target is free again, to
-        be placed in this very step."""
-        for node, gpus in self._held.items():
-            self._life.capacity.release(node, gpus)
-        if self._held:
-            self._life.placement_due = True
-        self._held = {}
-        self._target = None
-
-    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
-        original = self._copies.pop(rec.id, None)
-        if original is not None:  # the copy never became ready: the original stays
-            del self._originals[original]
-            self._broken()
-            self._aborted(rec.model, original, rec.id, f"{rec.id} failed before the move was done")
-            return
-        copy = self._originals.pop(rec.id, None)
-        if copy is None:
-            return
-        del self._copies[copy]
-        self._broken()
-        if scaled_down:
-            self._aborted(rec.model, rec.id, copy, f"{rec.id} scaled down")
-            self._life.reap(self._life.replicas[copy], "scaled down")
-        else:  # the original failed first: its copy replaces it
-            self._aborted(rec.model, rec.id, copy, f"{rec.id} failed; {copy} replaces it")
-
-    def _broken(self) -> None:
-        """A move was aborted: the plan is void, its later stages with it."""
-        self._stages_left = 0
-        self._release()
-
-    def _aborted(self, model: str, original: ReplicaId, copy: ReplicaId, reason: str) -> None:
-        self._life.out.emit(
-            "replica.move_aborted", model=model, replica=original, to=copy, reason=reason
-        )
+                done = self._moves.completes(rec, DEFRAG)
+                if done is not None:
+                    life.take_over(rec, done)
 
     # --- planning ----------------------------------------------------------------------------
 
@@ -174,8 +82,17 @@ class Defragmenter:
         life = self._life
         now = life.out.now_ms
         max_moves = life.timings.defrag_max_moves
+        if self._moves.take_broken():
+            self._stages_left = 0  # a move broke: the plan is void, its later stages with it
+        if self._moves.take_readied():
+            self.due = True  # one more replica that could be moved
         waiting = now < self._next_ms  # inside the interval: only a plan under way goes on
-        if max_moves <= 0 or self._copies or not self.due or (waiting and not self._stages_left):
+        if (
+            max_moves <= 0
+            or self._moves.busy(DEFRAG)
+            or not self.due
+            or (waiting and not self._stages_left)
+        ):
             return
         if not self._may_run():
             return
@@ -236,7 +153,7 @@ class Defragmenter:
                 rec.state is not ReplicaState.READY
                 or rec.unroutable
                 or rec.fabric is None
-                or rec.id in self._originals
+                or self._moves.is_original(rec.id, DEFRAG)
                 or not all(self._node_ok(n) for n in rec.nodes)
                 or not _laid_out_as_profiled(rec)
             ):
@@ -267,8 +184,7 @@ class Defragmenter:
         for move in plan.moves:
             old = life.replicas[move.replica]
             copy = life.new_record(old.model, old.profile)
-            self._copies[copy.id] = old.id
-            self._originals[old.id] = copy.id
+            self._moves.start(Move(DEFRAG, old.id, copy.id))
             life.out.emit(
                 "replica.moving",
                 model=old.model,
@@ -279,9 +195,8 @@ class Defragmenter:
                 reason=reason,
             )
             life.bind(copy, move.to)
-        self._target = target.id
+        self._moves.aim(target.id)
         for node, gpus in zip(plan.target.nodes, plan.target.gpus, strict=True):
             free_now = set(life.capacity.free_gpus(node)).intersection(gpus)
             if free_now:  # nothing else is placed there while the moves run
-                self._held[node] = tuple(sorted(free_now))
-                life.capacity.book(node, self._held[node])
+                self._moves.hold(node, tuple(sorted(free_now)))

@@ -13,18 +13,16 @@ that cannot be placed waits, pending, with its reason, and the original stays: `
 why. When nothing is left on the node, `node.drained`; it stays cordoned until uncordoned.
 Uncordoning ends the drain: copies not yet placed are retired, placed ones finish their move.
 
-The defragmenter's moves are separate (`defrag.Defragmenter`); both are seen by the lifecycle
-through one `MoveHooks` (`Drainer` passes on what is not its own).
+The defragmenter's moves are separate; both are moves of the one move service (`moves.Moves`),
+which the lifecycle tells of replicas ready or gone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from llmgw_twin.control.defrag import Defragmenter, can_take_over, take_over
 from llmgw_twin.control.durable import DeleteCordon, PutCordon
 from llmgw_twin.control.lifecycle import Lifecycle
 from llmgw_twin.control.model import NodeId, ReplicaId, ReplicaState
+from llmgw_twin.control.moves import DRAIN, Move, Moves
 from llmgw_twin.control.replicas import ReplicaRecord
 
 
@@ -32,17 +30,15 @@ class Drainer:
     """Cordoned and draining nodes, and the drain moves in flight (see the module's text)."""
 
     def __init__(
-        self, life: Lifecycle, defrag: Defragmenter, node_ok: Callable[[NodeId], bool]
+        self,
+        life: Lifecycle,
+        moves: Moves,
+        draining: dict[NodeId, bool],
     ) -> None:
         self._life = life
-        self._defrag = defrag
-        self._node_ok = node_ok
-        """Alive and heard: a copy on such nodes only may take its original's place."""
-        self._draining: dict[NodeId, bool] = {}  # node -> drained (announced) yet
-        self._copies: dict[ReplicaId, tuple[ReplicaId, NodeId]] = {}  # copy -> original, node
-        self._originals: dict[ReplicaId, ReplicaId] = {}  # original -> copy
-        life.moves = self
-        life.draining = self._draining.__contains__
+        self._moves = moves
+        self._draining = draining
+        """Node -> drained (announced) yet; shared with the lifecycle, which reads it only."""
 
     # --- the operator's word -----------------------------------------------------------------
 
@@ -57,7 +53,7 @@ class Drainer:
 
     def copy_of(self, rid: ReplicaId) -> ReplicaId | None:
         """The drain copy being made of `rid`, if any."""
-        return self._originals.get(rid)
+        return self._moves.copy_of(rid, DRAIN)
 
     def cordon(self, node: NodeId) -> bool:
         """Returns whether that is news."""
@@ -71,10 +67,10 @@ class Drainer:
         if not self._life.capacity.set_cordoned(node, False):
             return False
         self._draining.pop(node, None)
-        for copy, (original, from_node) in sorted(self._copies.items()):
-            rec = self._life.replicas[copy]
-            if from_node == node and not rec.placed:
-                self._forget(copy, original)
+        for move in self._moves.in_flight(DRAIN):
+            rec = self._life.replicas[move.copy]
+            if move.drain == node and not rec.placed:
+                self._moves.forget(move)
                 self._life.reap(rec, f"drain of {node} ended")
         self._life.out.write(DeleteCordon(node))
         self._life.out.emit("node.uncordoned", node=node)
@@ -128,7 +124,7 @@ class Drainer:
         for node in sorted(self._draining):
             for rid in sorted(life.assignments.replicas_on(node)):
                 rec = life.replicas[rid]
-                if rec.state.live and not self._moving(rec):
+                if rec.state.live and not self._moves.moving(rec.id):
                     self._pair(rec, node)
 
     def _pair(self, rec: ReplicaRecord, node: NodeId) -> None:
@@ -137,97 +133,39 @@ class Drainer:
         if dep is None:
             return
         live = life.replicas.live(rec.model)
-        counted = [r for r in live if life.counts(r) and not self.is_copy(r.id)]
+        counted = [r for r in live if life.counts(r) and not self._moves.is_copy(r.id)]
         if len(counted) <= dep.replicas:
             return
         spare = [
             r
             for r in counted
             if r.id != rec.id
-            and not self._moving(r)
+            and not self._moves.moving(r.id)
             and not any(n in self._draining for n in r.nodes)
         ]
         if not spare:
             return
         copy = max(spare, key=lambda r: r.seq)
-        self._copies[copy.id] = (rec.id, node)
-        self._originals[rec.id] = copy.id
+        self._moves.start(Move(DRAIN, rec.id, copy.id, node))
         life.out.emit("replica.moving", model=rec.model, replica=rec.id, to=copy.id, drain=node)
-
-    def _moving(self, rec: ReplicaRecord) -> bool:
-        return (
-            rec.id in self._originals
-            or rec.id in self._copies
-            or self._defrag.is_copy(rec.id)
-            or rec.id in self._defrag.in_flight.values()
-        )
 
     def _start(self, rec: ReplicaRecord, node: NodeId) -> None:
         life = self._life
-        if self._moving(rec) or rec.state is ReplicaState.ADOPTING:
+        if self._moves.moving(rec.id) or rec.state is ReplicaState.ADOPTING:
             return  # moving already (or still being adopted after a restart: decided then)
         dep = life.deployments.get(rec.model)
         if dep is None:
             return  # its deployment is going: it is retired anyway
         copy = life.new_replica(dep)
-        self._copies[copy.id] = (rec.id, node)
-        self._originals[rec.id] = copy.id
+        self._moves.start(Move(DRAIN, rec.id, copy.id, node))
         life.out.emit("replica.moving", model=rec.model, replica=rec.id, to=copy.id, drain=node)
 
     def settle(self) -> None:
-        for copy in sorted(self._copies):
-            rec = self._life.replicas.get(copy)
+        """Complete every drain move whose copy is ready and routable by now."""
+        life = self._life
+        for move in self._moves.in_flight(DRAIN):
+            rec = life.replicas.get(move.copy)
             if rec is not None and rec.state is ReplicaState.READY:
-                self._complete(rec)
-
-    def _complete(self, rec: ReplicaRecord) -> None:
-        if not can_take_over(rec, self._node_ok):
-            return
-        original, node = self._copies[rec.id]
-        self._forget(rec.id, original)
-        take_over(self._life, rec, original, f"drain of {node}")
-
-    def _forget(self, copy: ReplicaId, original: ReplicaId) -> None:
-        del self._copies[copy]
-        del self._originals[original]
-
-    # --- `lifecycle.MoveHooks` ---------------------------------------------------------------
-
-    def is_copy(self, rid: ReplicaId) -> bool:
-        return rid in self._copies or self._defrag.is_copy(rid)
-
-    def making_room_for(self, rid: ReplicaId) -> bool:
-        return self._defrag.making_room_for(rid)
-
-    def ready(self, rec: ReplicaRecord) -> None:
-        self._defrag.ready(rec)
-        if rec.id in self._copies:
-            self._complete(rec)
-
-    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
-        self._defrag.gone(rec, scaled_down)
-        mine = self._copies.get(rec.id)
-        if mine is not None:  # the copy never became ready: the original stays; a new copy
-            self._forget(rec.id, mine[0])
-            self._life.out.emit(
-                "replica.move_aborted",
-                model=rec.model,
-                replica=mine[0],
-                to=rec.id,
-                reason=f"{rec.id} gone before the drain move was done",
-            )
-            return
-        copy = self._originals.get(rec.id)
-        if copy is None:
-            return
-        self._forget(copy, rec.id)
-        if scaled_down:
-            self._life.out.emit(
-                "replica.move_aborted",
-                model=rec.model,
-                replica=rec.id,
-                to=copy,
-                reason=f"{rec.id} scaled down",
-            )
-            self._life.reap(self._life.replicas[copy], "scaled down", scaled_down=True)
-        # else the original failed first: its copy now counts, as its replacement
+                done = self._moves.completes(rec, DRAIN)
+                if done is not None:
+                    life.take_over(rec, done)

@@ -99,6 +99,11 @@ class FailureBook:
             return True
         return False
 
+    def waits_on(self, node: NodeId) -> bool:
+        """A replica with a shard on the node failed, and the node has not been heard since:
+        its next heartbeat lifts an avoidance."""
+        return node in self._unheard
+
     def forget_node(self, node: NodeId) -> None:
         self._unheard.pop(node, None)
         for key in [k for k in self.quarantines if k[0] == node]:

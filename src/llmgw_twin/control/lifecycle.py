@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
-from llmgw_twin.control.assignments import Assignments
 from llmgw_twin.control.durable import (
     DeleteReplica,
     PutQuarantine,
@@ -31,7 +29,6 @@ from llmgw_twin.control.durable import (
     QuarantineRow,
     ReplicaRow,
 )
-from llmgw_twin.control.failures import FailureBook
 from llmgw_twin.control.model import (
     RENDEZVOUS_PORT_BASE,
     Deployment,
@@ -43,77 +40,43 @@ from llmgw_twin.control.model import (
     ReplicaId,
     ReplicaState,
     ShardSpec,
-    Timings,
 )
-from llmgw_twin.control.outbox import Outbox
+from llmgw_twin.control.moves import DRAIN, Move, Moves
+from llmgw_twin.control.parts import Books
 from llmgw_twin.control.passes import plan_pass
-from llmgw_twin.control.placement import CapacityIndex, Placement
+from llmgw_twin.control.placement import Placement
 from llmgw_twin.control.protocol import RequestReport
-from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
-
-
-class MoveHooks(Protocol):
-    """What the defragmenter must hear of replicas in a move (`defrag.Defragmenter`)."""
-
-    def is_copy(self, rid: ReplicaId) -> bool:
-        """A move's new copy: it does not count toward its deployment while its original lives."""
-        ...
-
-    def making_room_for(self, rid: ReplicaId) -> bool:
-        """Moves under way make room for this pending replica (its room is held meanwhile)."""
-        ...
-
-    def ready(self, rec: ReplicaRecord) -> None: ...
-
-    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None: ...
-
-
-class _NoMoves:
-    def is_copy(self, rid: ReplicaId) -> bool:
-        return False
-
-    def making_room_for(self, rid: ReplicaId) -> bool:
-        return False
-
-    def ready(self, rec: ReplicaRecord) -> None:
-        return None
-
-    def gone(self, rec: ReplicaRecord, scaled_down: bool) -> None:
-        return None
+from llmgw_twin.control.replicas import ReplicaRecord
 
 
 class Lifecycle:
     def __init__(
         self,
-        replicas: ReplicaTable,
-        assignments: Assignments,
-        capacity: CapacityIndex,
-        profiles: Mapping[ProfileName, Profile],
-        deployments: Mapping[ModelName, Deployment],
-        out: Outbox,
-        timings: Timings,
-        failures: FailureBook,
+        books: Books,
+        moves: Moves,
         node_ok: Callable[[NodeId], bool],
         counts: Callable[[ReplicaRecord], bool],
+        draining: Callable[[NodeId], bool],
     ) -> None:
-        self.counts = counts
-        """Whether a live replica counts toward its deployment (see `Controller._counts`)."""
-        self.timings = timings
-        self.failures = failures
+        self.books = books
+        self.timings = books.timings
+        self.replicas = books.replicas
+        self.assignments = books.assignments
+        self.capacity = books.capacity
+        self.profiles: Mapping[ProfileName, Profile] = books.profiles
+        self.deployments: Mapping[ModelName, Deployment] = books.deployments
+        self.out = books.out
+        self.failures = books.failures
+        self.moves = moves
         self.node_ok = node_ok
         """Whether a node is alive and heard (for choosing which replica to retire)."""
+        self.counts = counts
+        """Whether a live replica counts toward its deployment (`parts.Liveness.counts`)."""
+        self.draining = draining
+        """The operator is draining this node (`drain.Drainer`): its replicas go first."""
         self._timers: list[tuple[int, str, ReplicaId]] = []
-        self.replicas = replicas
-        self.assignments = assignments
-        self.capacity = capacity
-        self.profiles = profiles
-        self.deployments = deployments
-        self.out = out
         self.placement_due = False
         """Something changed that may let a pending replica fit (capacity or a new replica)."""
-        self.moves: MoveHooks = _NoMoves()
-        self.draining: Callable[[NodeId], bool] = lambda _node: False
-        """The operator is draining this node (`drain.Drainer`): its replicas go first."""
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self.replicas[rid]
@@ -133,7 +96,27 @@ class Lifecycle:
                 nodes=rec.nodes,
                 endpoint=rec.routed_endpoint,
             )
-            self.moves.ready(rec)
+            for move in self.moves.ready(rec):
+                self.take_over(rec, move)
+
+    def take_over(self, copy: ReplicaRecord, move: Move) -> None:
+        """A move's copy is ready and routable: its original is reaped in this step
+        (`replica.moved`, then `replica.reaped`), a drain's `drain of NODE` said in both."""
+        why = move.why
+        extra = {"reason": why} if why else {}
+        self.out.emit(
+            "replica.moved",
+            model=copy.model,
+            replica=move.original,
+            to=copy.id,
+            fabric=copy.fabric,
+            nodes=copy.nodes,
+            **extra,
+        )
+        reason = f"moved to {copy.id}" + (f" ({why})" if why else "")
+        self.reap(self.replicas[move.original], reason)
+        if self.moves.ended(move):
+            self.placement_due = True
 
     def fail(
         self,
@@ -185,7 +168,20 @@ class Lifecycle:
         self.out.emit(
             "replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason
         )
-        self.moves.gone(rec, scaled_down)
+        broken, freed = self.moves.gone(rec, scaled_down)
+        if freed:
+            self.placement_due = True
+        for b in broken:
+            m = b.move
+            self.out.emit(
+                "replica.move_aborted",
+                model=b.model,
+                replica=m.original,
+                to=m.copy,
+                reason=b.reason,
+            )
+            if b.reap_copy:
+                self.reap(self.replicas[m.copy], "scaled down", scaled_down=m.user == DRAIN)
 
     def reconcile_deployment(self, model: ModelName) -> None:
         dep = self.deployments.get(model)

@@ -3,9 +3,9 @@ its health changes mean for the replicas on it.
 
 `NodeRegistry` owns the registered facts of every node, their incarnations, which nodes were
 heard since this controller started (only those are placed on), which nodes' silence the store
-records, the heartbeat bookkeeping (`HealthTracker`) and the mass-loss guard. It shares the
-capacity index, the assignments, the replica table, the failure book and the outbox with the
-rest of the controller, and fails replicas through the `Lifecycle`.
+records, the heartbeat bookkeeping (`HealthTracker`) and the mass-loss guard. It is handed the
+controller's shared books and its `Liveness` (whose heartbeat tracker, mass-loss guard and heard
+set it alone changes) and fails replicas through the `Lifecycle` it is built with.
 
 Invariants: a node is schedulable only while alive and heard; a node that turns suspect is
 written to the store as silent since its last heartbeat, and cleared when heard; while the guard
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import assert_never
 
-from llmgw_twin.control.assignments import Assignments
 from llmgw_twin.control.durable import (
     DeleteNode,
     DeleteSilence,
@@ -25,41 +24,27 @@ from llmgw_twin.control.durable import (
     PutNode,
     PutSilence,
 )
-from llmgw_twin.control.failures import FailureBook
-from llmgw_twin.control.guard import MassLossGuard
-from llmgw_twin.control.health import HealthChange, HealthTracker
+from llmgw_twin.control.health import HealthChange
 from llmgw_twin.control.lifecycle import Lifecycle
-from llmgw_twin.control.model import NodeId, NodeInfo, NodeState, ReplicaState, Timings
-from llmgw_twin.control.outbox import Outbox
-from llmgw_twin.control.placement import CapacityIndex
-from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
+from llmgw_twin.control.model import NodeId, NodeInfo, NodeState, ReplicaState
+from llmgw_twin.control.parts import Books, Liveness
 
 
 class NodeRegistry:
-    life: Lifecycle
-    """Set by the controller once its lifecycle exists (the two refer to each other)."""
-
-    def __init__(
-        self,
-        timings: Timings,
-        capacity: CapacityIndex,
-        assignments: Assignments,
-        replicas: ReplicaTable,
-        failures: FailureBook,
-        out: Outbox,
-    ) -> None:
-        self.timings = timings
-        self.capacity = capacity
-        self.assignments = assignments
-        self.replicas = replicas
-        self.failures = failures
-        self.out = out
-        self.health = HealthTracker(timings)
-        self.guard = MassLossGuard(timings)
+    def __init__(self, books: Books, liveness: Liveness, life: Lifecycle) -> None:
+        self.timings = books.timings
+        self.capacity = books.capacity
+        self.assignments = books.assignments
+        self.replicas = books.replicas
+        self.failures = books.failures
+        self.out = books.out
+        self.life = life
+        self.health = liveness.health
+        self.guard = liveness.guard
+        self.heard_nodes = liveness.heard
+        """Nodes heard from since this controller started: only these are placed on."""
         self.infos: dict[NodeId, NodeInfo] = {}
         self.incarnations: dict[NodeId, int] = {}
-        self.heard_nodes: set[NodeId] = set()
-        """Nodes heard from since this controller started: only these are placed on."""
         self.silence_marked: set[NodeId] = set()
         """Nodes whose silence the store records (cleared in the store when heard)."""
 
@@ -189,7 +174,7 @@ class NodeRegistry:
     def settled(self, node: NodeId) -> bool:
         """Nothing waits on the node's next heartbeat: none of its failures waits to be lifted by
         it, its assignment is unchanged since the last tick, and it is not out of sync."""
-        return node not in self.failures._unheard and node not in self.assignments.dirty
+        return not self.failures.waits_on(node) and node not in self.assignments.dirty
 
     def hear(self, node: NodeId, now_ms: int, announce: bool = True) -> None:
         """A node spoke: it is alive, and once heard it may be placed on."""
@@ -239,15 +224,3 @@ class NodeRegistry:
                     self.life.fail(self.replicas[rid], f"node {node} lost", node)
             case _:
                 assert_never(change.after)
-
-    def node_ok(self, node: NodeId) -> bool:
-        """Alive and heard since this controller started."""
-        return node in self.heard_nodes and self.health.state(node) is NodeState.ALIVE
-
-    def counts(self, rec: ReplicaRecord) -> bool:
-        """Whether a live replica counts toward its deployment's desired count: a restored one
-        still waiting on a node gone silent does not (outside a mass-loss hold)."""
-        if rec.state is not ReplicaState.ADOPTING or self.guard.held:
-            return True
-        silent = (NodeState.SUSPECT, NodeState.LOST)
-        return not any(self.health.state(n) in silent for n in rec.nodes)
