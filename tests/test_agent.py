@@ -52,7 +52,7 @@ def spec(replica: str, rank: int = 0, gpus: tuple[int, ...] = (0, 1)) -> ShardSp
 
 
 def states(agent: AgentCore) -> dict[tuple[str, int], ShardState]:
-    return {(r.spec.replica, r.spec.rank): r.state for r in agent.report().shards}
+    return {(r.spec.replica, r.spec.rank): r.state for r in agent.heartbeat().shards}
 
 
 def acts(cmds: tuple[object, ...]) -> tuple[object, ...]:
@@ -71,7 +71,7 @@ def test_sidecar_first_then_engine_then_reports_each_change() -> None:
     assert [type(c) for c in step.commands] == [SendReport]
     assert states(agent) == {("r1", 0): ShardState.STARTING}
     agent.handle(EngineServing(a.key, "http://n1:8000"))
-    report = agent.report().shards[0]
+    report = agent.heartbeat().shards[0]
     assert (report.state, report.endpoint, report.argv) == (
         ShardState.SERVING,
         "http://n1:8000",
@@ -164,11 +164,11 @@ def test_exit_is_reported_until_the_controller_drops_the_shard() -> None:
     agent.handle(EngineJoined(a.key))
     assert states(agent) == {("r1", 1): ShardState.RUNNING}
     agent.handle(EngineExited(a.key, 137))
-    assert agent.report().shards[0].exit_code == 137
+    assert agent.heartbeat().shards[0].exit_code == 137
     assert states(agent) == {("r1", 1): ShardState.EXITED}
     step = agent.handle(Assigned(()))
     assert StopShard(a.key) in step.commands
-    assert agent.report().shards == ()
+    assert agent.heartbeat().shards == ()
 
 
 def test_heartbeat_carries_the_whole_shard_set() -> None:
@@ -202,5 +202,5 @@ def test_a_failed_gpu_is_reported_from_then_on() -> None:
     (cmd,) = agent.handle(GpuFailed(3)).commands
     assert isinstance(cmd, SendReport) and cmd.report.failed_gpus == (3,)
     assert agent.handle(GpuFailed(3)).commands == ()  # old news
-    assert agent.report().failed_gpus == (3,)
+    assert agent.heartbeat().failed_gpus == (3,)
     assert agent.registration().failed_gpus == (3,)

@@ -285,9 +285,9 @@ def test_the_reason_reaches_the_controller_as_the_replica_failure() -> None:
     why = "refused by the launch policy: flag --log-file /etc/x: /etc/x is not under ..."
     agent.handle(EngineExited(assign.shards[0].key, EXIT_REFUSED, why))
     heartbeat = HeartbeatW.model_validate(
-        HeartbeatW.from_core(agent.report()).model_dump(mode="json")
+        HeartbeatW.from_core(agent.heartbeat()).model_dump(mode="json")
     ).to_core()
-    assert heartbeat == agent.report()  # the reason survives the wire both ways
+    assert heartbeat == agent.heartbeat()  # the reason survives the wire both ways
     step = ctl.handle(heartbeat, 2_000)
     failed = [e for e in step.events if e.kind == "replica.failed"]
     assert [e.get("reason") for e in failed] == [f"shard 0 on n1: {why} (exit code 1001)"]

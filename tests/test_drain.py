@@ -16,10 +16,10 @@ from llmgw_twin.control.model import Deployment, NodeId, ProfileName, ReplicaId,
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
-    CordonNode,
-    DrainNode,
+    Cordon,
+    DeleteDeployment,
+    Drain,
     NodeRegistered,
-    RemoveDeployment,
     Step,
 )
 from llmgw_twin.store.sqlite import Store
@@ -55,7 +55,7 @@ def moving(step: Step) -> tuple[ReplicaId, ReplicaId]:
 def test_a_drained_node_is_emptied_make_before_break() -> None:
     ctl = fleet()
     (original,) = on(ctl, N1)
-    assert kinds(ctl.handle(DrainNode(N1), 4_000)) == ["node.draining"]
+    assert kinds(ctl.handle(Drain(N1), 4_000)) == ["node.draining"]
     step = ctl.tick(4_000)
     assert kinds(step) == ["replica.moving", "replica.placed"]
     assert moving(step) == (original, ctl.drains.copy_of(original))
@@ -78,15 +78,15 @@ def test_a_drained_node_is_emptied_make_before_break() -> None:
 def test_a_cordoned_node_keeps_what_it_runs_and_takes_nothing_new() -> None:
     ctl = fleet(replicas=1, gpus=4)  # on n1, with 4 GPUs left there
     (held,) = on(ctl, N1)
-    assert kinds(ctl.handle(CordonNode(N1), 4_000)) == ["node.cordoned"]
-    assert ctl.handle(CordonNode(N1), 4_000).events == ()  # not news
+    assert kinds(ctl.handle(Cordon(N1), 4_000)) == ["node.cordoned"]
+    assert ctl.handle(Cordon(N1), 4_000).events == ()  # not news
     ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat-1n"), 6)), 5_000)
     ctl.tick(5_000)
     per_node = {n: len(on(ctl, n)) for n in (N1, N2, N3)}
     assert per_node == {N1: 1, N2: 2, N3: 2} and on(ctl, N1) == [held]
     (pending,) = [r for r in ctl.live_replicas(CHAT) if not r.placed]
     assert "ib-a has 0" in str(pending.unplaceable_reason)
-    step = ctl.handle(CordonNode(N1, cordoned=False), 6_000)
+    step = ctl.handle(Cordon(N1, cordoned=False), 6_000)
     assert kinds(step) == ["node.uncordoned"]
     assert kinds(ctl.tick(6_000)) == ["replica.placed"]
     assert ctl.replica(pending.id).nodes == (N1,)  # type: ignore[union-attr]
@@ -94,7 +94,7 @@ def test_a_cordoned_node_keeps_what_it_runs_and_takes_nothing_new() -> None:
 
 def test_a_cordon_holds_a_free_node_out_of_placement_until_uncordoned() -> None:
     ctl = fleet(replicas=2)
-    ctl.handle(CordonNode(N3), 4_000)
+    ctl.handle(Cordon(N3), 4_000)
     ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat-1n"), 3)), 4_000)
     step = ctl.tick(4_000)
     assert kinds(step) == ["replica.unplaceable"]
@@ -111,7 +111,7 @@ def test_a_cordon_holds_a_free_node_out_of_placement_until_uncordoned() -> None:
         "blocked": {"cordoned": 1, "too few free GPUs": 2},
     }
     assert "never_fits" not in why
-    ctl.handle(CordonNode(N3, cordoned=False), 5_000)
+    ctl.handle(Cordon(N3, cordoned=False), 5_000)
     step = ctl.tick(5_000)
     assert kinds(step) == ["replica.placed"] and ctl.replica(pending.id).nodes == (N3,)  # type: ignore[union-attr]
 
@@ -119,7 +119,7 @@ def test_a_cordon_holds_a_free_node_out_of_placement_until_uncordoned() -> None:
 def test_a_drain_copy_with_no_room_waits_and_the_original_keeps_serving() -> None:
     ctl = fleet(replicas=3)  # every node full
     (original,) = on(ctl, N1)
-    ctl.handle(DrainNode(N1), 4_000)
+    ctl.handle(Drain(N1), 4_000)
     step = ctl.tick(4_000)
     assert kinds(step) == ["replica.moving", "replica.unplaceable"]
     copy = ctl.drains.copy_of(original)
@@ -136,7 +136,7 @@ def test_a_drain_copy_with_no_room_waits_and_the_original_keeps_serving() -> Non
     assert ctl.replica(original).state is ReplicaState.READY  # type: ignore[union-attr]
     assert len(ctl.ready_replicas(CHAT)) == 3
     # uncordoning ends the drain: the copy that never found room goes
-    step = ctl.handle(CordonNode(N1, cordoned=False), 31_000)
+    step = ctl.handle(Cordon(N1, cordoned=False), 31_000)
     assert kinds(step) == ["replica.reaped", "node.uncordoned"]
     assert step.events[0].get("reason") == "drain of n1 ended"
     assert ctl.drains.draining() == frozenset() and ctl.drains.copy_of(original) is None
@@ -145,7 +145,7 @@ def test_a_drain_copy_with_no_room_waits_and_the_original_keeps_serving() -> Non
 def test_a_drain_copy_that_fails_is_tried_again_while_the_original_serves() -> None:
     ctl = fleet()
     (original,) = on(ctl, N1)
-    ctl.handle(DrainNode(N1), 4_000)
+    ctl.handle(Drain(N1), 4_000)
     _, copy = moving(ctl.tick(4_000))
     events = heartbeat_all(ctl, 5_000, exited=frozenset({copy}))
     assert "replica.move_aborted" in [e.kind for e in events]
@@ -161,7 +161,7 @@ def test_a_drain_copy_that_fails_is_tried_again_while_the_original_serves() -> N
 def test_an_original_that_fails_during_its_drain_leaves_the_copy_as_its_replacement() -> None:
     ctl = fleet()
     (original,) = on(ctl, N1)
-    ctl.handle(DrainNode(N1), 4_000)
+    ctl.handle(Drain(N1), 4_000)
     _, copy = moving(ctl.tick(4_000))
     heartbeat_all(ctl, 5_000, exited=frozenset({original}))
     assert "node.drained" in kinds(ctl.tick(5_000))  # n1 is empty now
@@ -173,7 +173,7 @@ def test_scaling_down_during_a_drain_takes_the_draining_replica_and_its_copy() -
     ctl = fleet(replicas=2)
     heartbeat_all(ctl, 3_500)
     (original,) = on(ctl, N1)
-    ctl.handle(DrainNode(N1), 4_000)
+    ctl.handle(Drain(N1), 4_000)
     _, copy = moving(ctl.tick(4_000))
     ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat-1n"), 1)), 5_000)
     ctl.tick(5_000)
@@ -185,8 +185,8 @@ def test_scaling_down_during_a_drain_takes_the_draining_replica_and_its_copy() -
 def test_deleting_a_deployment_retires_every_replica_and_forgets_it() -> None:
     ctl = fleet()
     with pytest.raises(ValueError, match="no deployment of model nope"):
-        ctl.handle(RemoveDeployment(model("nope")), 4_000)
-    step = ctl.handle(RemoveDeployment(CHAT), 4_000)
+        ctl.handle(DeleteDeployment(model("nope")), 4_000)
+    step = ctl.handle(DeleteDeployment(CHAT), 4_000)
     assert kinds(step) == ["deployment.deleted", "replica.reaped", "replica.reaped"]
     assert {e.get("reason") for e in step.events[1:]} == {"deployment deleted"}
     assert ctl.live_replicas(CHAT) == [] and ctl.deployments() == []
@@ -219,10 +219,10 @@ def test_cordons_and_drains_survive_a_restart_through_the_store(tmp_path: Path) 
             run(ctl.handle(NodeRegistered(node(name, "ib-a")), 0))
         run(ctl.handle(ApplyDeployment(Deployment(CHAT, ProfileName("chat-1n"), 1)), 0))
         run(ctl.tick(1_000))
-        run(ctl.handle(DrainNode(N1), 2_000))
-        run(ctl.handle(CordonNode(N2), 2_000))
-        run(ctl.handle(CordonNode(N3), 2_000))
-        run(ctl.handle(CordonNode(N3, cordoned=False), 2_000))
+        run(ctl.handle(Drain(N1), 2_000))
+        run(ctl.handle(Cordon(N2), 2_000))
+        run(ctl.handle(Cordon(N3), 2_000))
+        run(ctl.handle(Cordon(N3, cordoned=False), 2_000))
         restored = store.load()
     assert restored.cordons == ((N1, True), (N2, False))
     again = Controller(T, restored=restored)

@@ -383,7 +383,7 @@ class ControlPlane(RuleBasedStateMachine):
         node = self._node(name)
         if node is None or not node.up or node.agent is None:
             return
-        report = node.agent.report()
+        report = node.agent.heartbeat()
         shown = ", ".join(f"{r.spec.replica}/{r.spec.rank}:{r.state.value}" for r in report.shards)
         self._say(f"{name} heartbeat [{shown}]")
         self._deliver(node, report)
@@ -393,7 +393,7 @@ class ControlPlane(RuleBasedStateMachine):
         self._say("every node up heartbeats")
         for node in self.world.up_nodes():
             assert node.agent is not None
-            self._deliver(node, node.agent.report())
+            self._deliver(node, node.agent.heartbeat())
 
     @rule(name=nodes)
     def send_heartbeat(self, name: str) -> None:
@@ -401,7 +401,7 @@ class ControlPlane(RuleBasedStateMachine):
         node = self._node(name)
         if node is None or not node.up or node.agent is None:
             return
-        node.in_flight.append(node.agent.report())
+        node.in_flight.append(node.agent.heartbeat())
         self._say(f"{name} sends a heartbeat ({len(node.in_flight)} in flight)")
 
     @precondition(lambda self: any(n.in_flight for n in self.world.nodes.values()))
@@ -440,7 +440,7 @@ class ControlPlane(RuleBasedStateMachine):
         stolen = self.ctl.assigned(other.name)
         if not stolen:
             return
-        real = node.agent.report()
+        real = node.agent.heartbeat()
         fake = tuple(
             ShardReport(
                 replace(s, node=node.name) if as_mine else s,

@@ -76,7 +76,7 @@ LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "why a replica is where it is, or why it is pending and where it could go",
     ),
     ("ctl", "deployment", "delete"): (
-        "llmgw_twin.service.ops.ctl_fleet:DeploymentDelete",
+        "llmgw_twin.service.ops.ctl_fleet:DeleteDeployment",
         "delete a deployment: its replicas are retired",
     ),
     ("ctl", "gpu", "clear"): (

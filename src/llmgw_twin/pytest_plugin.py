@@ -27,7 +27,7 @@ import shlex
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, assert_never
 
 import pytest
 import yaml
@@ -257,6 +257,8 @@ def explain(result: RunResult, wall_ms: int, replay: str) -> str:
                 start, end, marked = exp.at_ms, exp.at_ms, set()
             case RequestsExpectation():
                 start, end, marked = exp.start_ms, exp.end_ms, set()
+            case _:
+                assert_never(exp)
         lines += around(trace, start, end, marked)
     for inv in result.invariants:
         if not inv.enabled or not inv.violations:

@@ -108,28 +108,28 @@ class AgentCore:
         self._fabric_up = fabric_up
         self._stopping: dict[tuple[ShardKey, int], ShardSpec] = {}
         """Shards told to stop whose processes may still hold their GPUs."""
-        self._report: Heartbeat | None = None
+        self._heartbeat: Heartbeat | None = None
         self._stop_seq = 0
 
     def shards(self) -> list[LocalShard]:
         return [self._shards[k] for k in sorted(self._shards)]
 
-    def report(self) -> Heartbeat:
+    def heartbeat(self) -> Heartbeat:
         """The node's whole shard set; the same object until something changes, so a receiver
         can tell an unchanged heartbeat at the cost of one comparison."""
-        if self._report is None:
+        if self._heartbeat is None:
             reports = tuple(
                 ShardReport(s.spec, _REPORTED[s.phase], s.endpoint, s.exit_code, s.argv, s.reason)
                 for s in self.shards()
                 if s.phase in _REPORTED
             )
             failed = tuple(sorted(self._failed_gpus))
-            self._report = Heartbeat(self.node, reports, failed, self._fabric_up)
-        return self._report
+            self._heartbeat = Heartbeat(self.node, reports, failed, self._fabric_up)
+        return self._heartbeat
 
     def registration(self) -> NodeRegistered:
         """What the agent sends when it starts, and whenever the controller asks."""
-        report = self.report()
+        report = self.heartbeat()
         return NodeRegistered(
             self.info, report.shards, self.incarnation, report.failed_gpus, report.fabric_up
         )
@@ -174,14 +174,14 @@ class AgentCore:
                 changed = up != self._fabric_up
                 self._fabric_up = up
             case HeartbeatDue():
-                out.append(SendReport(self.report()))
+                out.append(SendReport(self.heartbeat()))
             case ReportRequested():
                 out.append(SendReport(self.registration()))
             case _:
                 assert_never(event)
         if changed:
-            self._report = None
-            out.append(SendReport(self.report()))
+            self._heartbeat = None
+            out.append(SendReport(self.heartbeat()))
         return AgentStep(tuple(out))
 
     def _advance(self, key: ShardKey, to: Phase) -> bool:

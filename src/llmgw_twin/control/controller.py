@@ -63,11 +63,11 @@ from llmgw_twin.control.protocol import (
     ControllerCommand,
     ControllerEvent,
     ControllerLagged,
-    CordonNode,
-    DrainNode,
+    Cordon,
+    DeleteDeployment,
+    Drain,
     Heartbeat,
     NodeRegistered,
-    RemoveDeployment,
     RequestReport,
     Step,
 )
@@ -249,9 +249,9 @@ class Controller:
                 | ApplyDeployment()
                 | ClearFailedGpu()
                 | ClearQuarantine()
-                | RemoveDeployment()
-                | CordonNode()
-                | DrainNode()
+                | DeleteDeployment()
+                | Cordon()
+                | Drain()
             ):
                 self._operator.handle(event)
             case ControllerLagged(lag_ms=lag_ms):

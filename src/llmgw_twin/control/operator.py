@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from llmgw_twin.control import durable
 from llmgw_twin.control.drain import Drainer
-from llmgw_twin.control.durable import (
-    DeleteDeployment,
-    DeleteFailedGpu,
-    DeleteQuarantine,
-    PutDeployment,
-    PutProfile,
-)
 from llmgw_twin.control.failures import FailureBook
 from llmgw_twin.control.lifecycle import Lifecycle
 from llmgw_twin.control.model import Deployment, ModelName, Profile, ProfileName
@@ -22,9 +16,9 @@ from llmgw_twin.control.protocol import (
     ApplyProfile,
     ClearFailedGpu,
     ClearQuarantine,
-    CordonNode,
-    DrainNode,
-    RemoveDeployment,
+    Cordon,
+    DeleteDeployment,
+    Drain,
 )
 
 OperatorEvent = (
@@ -32,9 +26,9 @@ OperatorEvent = (
     | ApplyDeployment
     | ClearFailedGpu
     | ClearQuarantine
-    | RemoveDeployment
-    | CordonNode
-    | DrainNode
+    | DeleteDeployment
+    | Cordon
+    | Drain
 )
 
 
@@ -57,18 +51,18 @@ class Operator:
         match event:
             case ApplyProfile(profile=profile):
                 self._profiles[profile.name] = profile
-                self._life.out.write(PutProfile(profile))
+                self._life.out.write(durable.PutProfile(profile))
             case ApplyDeployment(deployment=dep):
                 if dep.profile not in self._profiles:
                     raise ValueError(f"deployment {dep.model}: unknown profile {dep.profile}")
                 self._deployments[dep.model] = dep
                 self._life.replicas.track_model(dep.model)
-                self._life.out.write(PutDeployment(dep))
+                self._life.out.write(durable.PutDeployment(dep))
             case ClearFailedGpu(node=node, gpu=gpu):
                 capacity = self._life.capacity
                 if not capacity.has_node(node) or not capacity.clear_failed_gpu(node, gpu):
                     raise ValueError(f"GPU {gpu} of node {node} is not marked failed")
-                self._life.out.write(DeleteFailedGpu(node, gpu))
+                self._life.out.write(durable.DeleteFailedGpu(node, gpu))
                 self._life.out.emit("gpu.cleared", node=node, gpu=gpu)
                 self._life.placement_due = True
             case ClearQuarantine(node=node, profile=profile):
@@ -77,7 +71,7 @@ class Operator:
                     what = f" for profile {profile}" if profile is not None else ""
                     raise ValueError(f"node {node} is not quarantined{what}")
                 for q in rows:
-                    self._life.out.write(DeleteQuarantine(q.node, q.profile))
+                    self._life.out.write(durable.DeleteQuarantine(q.node, q.profile))
                     self._life.out.emit(
                         "node.unquarantined",
                         node=q.node,
@@ -85,21 +79,21 @@ class Operator:
                         reason="cleared by the operator",
                     )
                 self._life.placement_due = True
-            case RemoveDeployment(model=model):
+            case DeleteDeployment(model=model):
                 if model not in self._deployments:
                     raise ValueError(f"no deployment of model {model}")
                 del self._deployments[model]
-                self._life.out.write(DeleteDeployment(model))
+                self._life.out.write(durable.DeleteDeployment(model))
                 self._life.out.emit("deployment.deleted", model=model)
                 for rec in self._life.replicas.live(model):
                     if rec.state.live:  # a copy goes with its original
                         self._life.reap(rec, "deployment deleted", scaled_down=True)
-            case CordonNode(node=node, cordoned=cordoned):
+            case Cordon(node=node, cordoned=cordoned):
                 if cordoned:
                     self._drain.cordon(node)
                 else:
                     self._drain.uncordon(node)
-            case DrainNode(node=node):
+            case Drain(node=node):
                 self._drain.drain(node)
             case _:
                 assert_never(event)

@@ -81,14 +81,14 @@ class ClearQuarantine:
 
 
 @dataclass(frozen=True, slots=True)
-class RemoveDeployment:
+class DeleteDeployment:
     """The operator deletes a deployment: every replica of it is retired and it is forgotten."""
 
     model: ModelName
 
 
 @dataclass(frozen=True, slots=True)
-class CordonNode:
+class Cordon:
     """The operator takes a node out of placement (`cordoned=False` puts it back; that also ends
     a drain). What runs there keeps running."""
 
@@ -97,7 +97,7 @@ class CordonNode:
 
 
 @dataclass(frozen=True, slots=True)
-class DrainNode:
+class Drain:
     """The operator empties a node: it is cordoned, and each replica with a shard on it gets a
     copy elsewhere; the original is retired once its copy is ready (make-before-break)."""
 
@@ -120,9 +120,9 @@ ControllerEvent = (
     | ApplyDeployment
     | ClearFailedGpu
     | ClearQuarantine
-    | RemoveDeployment
-    | CordonNode
-    | DrainNode
+    | DeleteDeployment
+    | Cordon
+    | Drain
     | ControllerLagged
 )
 

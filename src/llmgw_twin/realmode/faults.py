@@ -118,6 +118,21 @@ class RealFaults:
                     serve_ns = int(t0 * 1e9) + (fault.at_ms + down_for_ms) * 1_000_000
                     start_at = t0 + (fault.at_ms - lead_ms) / 1000
                     self._pending.append(loop.call_at(start_at, self._standby, serve_ns))
+                case (
+                    RestartNode()
+                    | Partition()
+                    | KillEngine()
+                    | HangEngine()
+                    | RestartAgent()
+                    | FailGpu()
+                    | FabricDown()
+                    | SetReplicas()
+                    | Cordon()
+                    | DeleteDeployment()
+                ):
+                    pass  # nothing started ahead for these
+                case _:
+                    assert_never(fault.action)
 
     def _standby(self, serve_ns: int) -> None:
         config = self.cluster.workdir / "controller.yaml"
@@ -224,6 +239,8 @@ class RealFaults:
                 method, url = "POST", f"{base}/v1/admin/nodes/{node}/{op}"
             case DeleteDeployment(model=model):
                 method, url = "DELETE", f"{base}/v1/admin/deployments/{model}"
+            case _:
+                assert_never(action)
         while self.now_ms() < self.scenario.duration_ms:
             with contextlib.suppress(httpx.HTTPError):
                 r = await client.request(method, url)

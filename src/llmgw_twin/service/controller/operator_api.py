@@ -17,7 +17,7 @@ from pydantic import Field, StringConstraints
 
 from llmgw_twin.control.explain import explain, fit_warnings
 from llmgw_twin.control.model import ModelName, NodeId, ReplicaId
-from llmgw_twin.control.protocol import ApplyDeployment, CordonNode, DrainNode, RemoveDeployment
+from llmgw_twin.control.protocol import ApplyDeployment, Cordon, DeleteDeployment, Drain
 from llmgw_twin.service.common.replies import NOT_FOUND
 from llmgw_twin.service.common.wire import NAME_PATTERN, DeploymentW, Refused, Wire
 from llmgw_twin.service.controller.app import ControllerRuntime
@@ -79,20 +79,20 @@ def add_operator_routes(app: FastAPI, runtime: ControllerRuntime, admin: list[An
     async def cordon(node: PathName) -> dict[str, Any]:
         n = _known_node(runtime, node)
         was = n in runtime.core.drains.cordoned()
-        await runtime.operate(CordonNode(n, cordoned=True))
+        await runtime.operate(Cordon(n, cordoned=True))
         return {"node": node, "cordoned": True, "changed": not was}
 
     @app.delete("/v1/admin/nodes/{node}/cordon", dependencies=admin, responses=NOT_FOUND)
     async def uncordon(node: PathName) -> dict[str, Any]:
         n = _known_node(runtime, node)
         was = n in runtime.core.drains.cordoned()
-        await runtime.operate(CordonNode(n, cordoned=False))
+        await runtime.operate(Cordon(n, cordoned=False))
         return {"node": node, "cordoned": False, "changed": was}
 
     @app.post("/v1/admin/nodes/{node}/drain", dependencies=admin, responses=NOT_FOUND)
     async def drain(node: PathName) -> dict[str, Any]:
         n = _known_node(runtime, node)
-        await runtime.operate(DrainNode(n))
+        await runtime.operate(Drain(n))
         return drain_status(runtime, n)
 
     @app.get("/v1/admin/nodes/{node}/drain", dependencies=admin, responses=NOT_FOUND)
@@ -116,7 +116,7 @@ def add_operator_routes(app: FastAPI, runtime: ControllerRuntime, admin: list[An
     async def delete_deployment(model: PathName) -> dict[str, Any]:
         live = [r.id for r in runtime.core.live_replicas(ModelName(model))]
         try:
-            await runtime.operate(RemoveDeployment(ModelName(model)))
+            await runtime.operate(DeleteDeployment(ModelName(model)))
         except Refused as e:
             raise Refused(str(e), 404) from None
         runtime.feed.touch()  # the routers' model lists change

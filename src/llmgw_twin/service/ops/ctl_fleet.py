@@ -57,7 +57,7 @@ class Uncordon(_OneCall):
     path = "/v1/admin/nodes/{}/cordon"
 
 
-class DeploymentDelete(_OneCall):
+class DeleteDeployment(_OneCall):
     """Delete a deployment: every replica of it is retired, and nothing replaces them."""
 
     arg = "model"

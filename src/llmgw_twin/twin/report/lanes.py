@@ -13,10 +13,26 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.twin.report.text import describe
-from llmgw_twin.twin.scenario.model import FabricDown, Fault, Partition, RestartController
+from llmgw_twin.twin.scenario.model import (
+    Cordon,
+    CrashNode,
+    DeleteDeployment,
+    FabricDown,
+    FailGpu,
+    Fault,
+    HangEngine,
+    KillEngine,
+    KillNode,
+    Partition,
+    RestartAgent,
+    RestartController,
+    RestartNode,
+    SetReplicas,
+)
 from llmgw_twin.twin.world.faults import fault_subjects
 from llmgw_twin.twin.world.runner import RunResult
 from llmgw_twin.units import fmt_duration, fmt_ms
@@ -72,7 +88,21 @@ def _fault_for(fault: Fault) -> int:
             return ms
         case RestartController(down_for_ms=ms):
             return ms
-    return 0
+        case (
+            KillNode()
+            | CrashNode()
+            | RestartNode()
+            | KillEngine()
+            | HangEngine()
+            | RestartAgent()
+            | FailGpu()
+            | SetReplicas()
+            | Cordon()
+            | DeleteDeployment()
+        ):
+            return 0  # an instant, or (an agent's restart) not drawn as a span
+        case _:
+            assert_never(fault.action)
 
 
 def _span(t: int, end: int) -> str:

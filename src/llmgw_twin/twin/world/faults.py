@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from llmgw_twin.control import protocol
 from llmgw_twin.control.model import Deployment, FabricId, NodeId, TraceEvent
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ControllerEvent,
-    CordonNode,
-    DrainNode,
-    RemoveDeployment,
 )
 from llmgw_twin.twin.scenario.model import (
     FAULT_KEYS,
@@ -137,11 +135,13 @@ def _operator_call(action: Cordon | DeleteDeployment) -> ControllerEvent:
     """The admin API call an operator action of a scenario is."""
     match action:
         case Cordon(node=node, op="drain"):
-            return DrainNode(node)
+            return protocol.Drain(node)
         case Cordon(node=node, op=op):
-            return CordonNode(node, cordoned=op == "cordon")
+            return protocol.Cordon(node, cordoned=op == "cordon")
         case DeleteDeployment(model=model):
-            return RemoveDeployment(model)
+            return protocol.DeleteDeployment(model)
+        case _:
+            assert_never(action)
 
 
 def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> None:

@@ -95,7 +95,7 @@ class Heartbeats:
         if ev is not node.next_beat:
             return  # a timer of an agent that has died since, or of a node now coasting
         # the agent core answers a heartbeat timer with its report and nothing else
-        self.send(node, node.core.report())
+        self.send(node, node.core.heartbeat())
         self._beat_at(node, self.world.now + self.interval_ms)
 
     def send(self, node: SimNode, report: Heartbeat) -> None:
@@ -121,7 +121,7 @@ class Heartbeats:
             not node.up
             or node.next_beat is None
             or latency is None
-            or node.core.report() is not msg
+            or node.core.heartbeat() is not msg
             or self.world.gpu_violations
         ):
             return
