@@ -5,7 +5,7 @@ test_loader_limits_totals.py, reading odd bytes and several files in test_loader
 both use the helpers here.
 
 Cases built on a bound's value (GPUs per node, shards per replica, the values at their bounds)
-take it from `loader_limits`, so that the bound can change without the case changing.
+take it from `scenario/limits.py`, so that the bound can change without the case changing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ bound loads.
 
 The per-node and per-replica bounds (`MAX_GPUS_PER_NODE`, `MAX_SHARDS_PER_REPLICA`) are far below
 the totals, so a case on the fleet's GPUs, the shards or the event steps is built from as many of
-the biggest nodes or widest replicas as it takes, its numbers derived from `loader_limits`, and
+the biggest nodes or widest replicas as it takes, its numbers derived from `scenario/limits.py`, and
 stays within every other bound (the file size among them) so that the error is the one the case
 is about. The two fleets of plain nodes (2,000 for 30 days, 25,000 with restarts) are literal.
 """

@@ -47,12 +47,12 @@ class HealthTracker:
         self._suspect: dict[NodeId, int] = {}
         self._lost: dict[NodeId, int] = {}
         self._coasting: dict[NodeId, int] = {}
+        """Alive nodes whose heartbeats a shell accounts for in bulk: node -> last seen when set
+        aside (stale until landed)."""
         self._landed: dict[NodeId, int] = {}
         """Alive nodes handed back by `land`, not heard since: node -> last seen."""
         self._landed_heap: list[tuple[int, NodeId]] = []
         """(last seen, node) of landed nodes; an entry no longer in `_landed` is stale."""
-        """Alive nodes whose heartbeats a shell accounts for in bulk: node -> last seen when set
-        aside (stale until landed)."""
 
     def state(self, node: NodeId) -> NodeState | None:
         if node in self._alive or node in self._coasting or node in self._landed:

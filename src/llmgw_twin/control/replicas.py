@@ -58,10 +58,10 @@ class ReplicaRecord:
     not_before_ms: int = 0
     """A replacement in back-off is not placed before this time."""
     unroutable: frozenset[NodeId] = frozenset()
+    """Suspect nodes this ready replica has a shard on: while any, it is out of routing."""
     layout_shards: int = 0
     """How many shards this replica was laid out with (its row's `shard_count` once restored):
     a profile edited since does not change what this replica is."""
-    """Suspect nodes this ready replica has a shard on: while any, it is out of routing."""
     degraded_since_ms: int = 0
 
     @property

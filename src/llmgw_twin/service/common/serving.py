@@ -23,14 +23,14 @@ from llmgw_twin.service.common.tls import ServerTls
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 GRACEFUL_SHUTDOWN_S = 5
+"""How long a shutdown waits for open connections before it stops the app anyway. Without a
+bound, a TLS connection a peer keeps idle in its pool holds the shutdown for asyncio's TLS
+close timeout (30 s): the peer answers the close only when it next uses the connection."""
 KEEP_ALIVE_S = 75
 """How long an idle connection is kept open: longer than a heartbeat interval, so an agent's
 heartbeats reuse one connection (uvicorn's default, 5 s, made every 10 s heartbeat a new one:
 a thousand TCP handshakes a second at 10,000 nodes). Clients expire theirs sooner (60 s), so
 they never send on a connection the server is closing."""
-"""How long a shutdown waits for open connections before it stops the app anyway. Without a
-bound, a TLS connection a peer keeps idle in its pool holds the shutdown for asyncio's TLS
-close timeout (30 s): the peer answers the close only when it next uses the connection."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -2,7 +2,7 @@
 deployments applied, a failed GPU cleared, a quarantine lifted, and a node's credential issued,
 rotated or revoked, each durable before it is answered.
 
-Role: behind the admin routes of `controller_http.py` (docs/services.md, docs/security.md); the
+Role: behind the admin routes of `routes.py` (docs/services.md, docs/security.md); the
 keys themselves are `auth.ControllerKeys`; cordon, drain, delete and explain are
 `operator_api.py`.
 """

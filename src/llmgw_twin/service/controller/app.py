@@ -5,7 +5,7 @@ Role: the production twin of `twin/world/controller.py`. `ControllerRuntime` own
 routing feed that router processes follow (`feed.py`) and two HTTP clients; it moves messages
 only: agents' registrations and heartbeats and the operator's profiles and deployments go into
 the core, and the core's commands go out to the agents. Its HTTP face is
-`controller_http.create_controller_app`.
+`routes.create_controller_app`.
 
 Invariants:
 - Every call into the core holds one asyncio lock, and carrying out its `Step` never awaits:
@@ -159,7 +159,7 @@ class ControllerRuntime(AdminCalls):
         self.histograms = ControllerTimings()
         self.lag = LagMonitor(self._lagged, self.histograms.loop_lateness)
         self.gc_pauses: GcPauses | None = None
-        """Set by the controller process (`controller_main`), not by one runtime among many."""
+        """Set by the controller process (`main.py`), not by one runtime among many."""
 
     def now_ms(self) -> int:
         return self._epoch0_ms + (time.monotonic_ns() - self._t0_ns) // 1_000_000

@@ -1,10 +1,10 @@
 """The fuzzer's judge: run one seed's scenario, say whether and how it failed, count coverage.
 
-Role: `check_seed(seed)` generates the seed's plan (`fuzz_gen`), writes it as a scenario file
+Role: `check_seed(seed)` generates the seed's plan (`gen.py`), writes it as a scenario file
 text, loads that text with the scenario loader and runs it in the twin. A seed fails when the
 run raises (`crash:<exception>`), when an invariant the twin checks after every step is
 violated (`invariant:<name>`, safety), or when the liveness expectation at the end fails
-(`liveness`). A failing seed is shrunk (`fuzz_shrink`) to a minimal plan that fails the same
+(`liveness`). A failing seed is shrunk (`shrink.py`) to a minimal plan that fails the same
 way. `check_batch` does a list of seeds (one pool or Ray task); `Coverage` adds up what the
 seeds exercised: fault kinds, event kinds and recovery paths.
 

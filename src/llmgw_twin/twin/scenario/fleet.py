@@ -1,7 +1,7 @@
 """The scenario loader's fleet: `cluster`, `profiles` and `deployments`.
 
 Role: read the fabrics and their nodes (with per-node settings over a default), the profiles
-and the deployments, each value checked against its bound in `loader_limits`.
+and the deployments, each value checked against its bound in `limits.py`.
 
 Invariants:
 - Every node is listed under exactly one fabric; per-node settings name listed nodes only.

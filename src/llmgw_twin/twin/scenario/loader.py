@@ -5,7 +5,7 @@ constructed), and each section is read through `yamlnodes`, so every value keeps
 
 Invariants:
 - Any bad input -- unreadable file, broken YAML, wrong shape, unknown key, unknown name, time
-  outside the run, a value or a total past its bound (`loader_limits`) -- raises `ScenarioError`
+  outside the run, a value or a total past its bound (`limits.py`) -- raises `ScenarioError`
   naming file, line and column; nothing else escapes.
 - A leading UTF-8 byte order mark is dropped and CRLF and CR line ends read as LF before
   anything else, so such a file loads, and fails, exactly as the plain one: same `Scenario`,

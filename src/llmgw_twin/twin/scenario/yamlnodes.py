@@ -15,7 +15,7 @@ Invariants:
   `check_graph` refuses a recursive alias, or a document larger than `MAX_YAML_NODES` values
   once its aliases count as copies (an alias bomb), without ever expanding it. Walking follows
   the schema only, so nothing can make it loop.
-- Every scalar is bounded before it is converted (`loader_limits`): strings and names by length,
+- Every scalar is bounded before it is converted (`limits.py`): strings and names by length,
   whole numbers by digits and by the range the caller gives, durations by `MAX_DURATION_MS`.
 """
 
