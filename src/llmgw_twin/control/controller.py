@@ -332,7 +332,7 @@ class Controller:
         for q in self._failures.expired(now_ms):
             self._out.write(DeleteQuarantine(q.node, q.profile))
             self._out.emit("node.unquarantined", node=q.node, profile=q.profile, reason="expired")
-            self._life.placement_due = True
+            self._life.placement_may_fit()
         for rid in sorted(self._replicas.adopting):
             if rid in self._replicas.adopting:  # a failure earlier in this pass may have reaped it
                 self._try_adopt(self._replicas[rid])
@@ -355,10 +355,8 @@ class Controller:
             self._life.reconcile_deployment(model)
         self._replicas.dirty_models.clear()
         self._drain.run()
-        if self._replicas.pending and self._life.placement_due:
-            self._life.place_pending()
-            self._defrag.due = True
-        self._life.placement_due = False
+        if self._life.place_if_due():
+            self._defrag.wake()
         self._defrag.settle()
         if self._replicas.pending:
             self._defrag.run()

@@ -57,8 +57,12 @@ class Defragmenter:
         self._next_ms = 0
         self._stages_left = 0
         """Stages the plan under way still has: they go on without waiting for the interval."""
-        self.due = False
+        self._due = False
         """Something changed that may make a plan possible."""
+
+    def wake(self) -> None:
+        """A placement pass ran: a replica it left unplaceable may now be worth a plan."""
+        self._due = True
 
     def in_flight(self) -> dict[ReplicaId, ReplicaId]:
         """Copy -> original, for every move not yet done."""
@@ -85,18 +89,18 @@ class Defragmenter:
         if self._moves.take_broken():
             self._stages_left = 0  # a move broke: the plan is void, its later stages with it
         if self._moves.take_readied():
-            self.due = True  # one more replica that could be moved
+            self._due = True  # one more replica that could be moved
         waiting = now < self._next_ms  # inside the interval: only a plan under way goes on
         if (
             max_moves <= 0
             or self._moves.busy(DEFRAG)
-            or not self.due
+            or not self._due
             or (waiting and not self._stages_left)
         ):
             return
         if not self._may_run():
             return
-        self.due = False
+        self._due = False
         stuck = [
             r
             for rid in life.replicas.pending
@@ -140,7 +144,7 @@ class Defragmenter:
             return
         self._stages_left = 0
         if blocked:
-            self.due = True  # a plan exists: it starts once the interval has passed
+            self._due = True  # a plan exists: it starts once the interval has passed
             return
         # nothing found: wait for a change, and no sooner than a heartbeat from now
         self._next_ms = max(self._next_ms, now + life.timings.heartbeat_interval_ms)

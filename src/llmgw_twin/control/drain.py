@@ -74,7 +74,7 @@ class Drainer:
                 self._life.reap(rec, f"drain of {node} ended")
         self._life.out.write(DeleteCordon(node))
         self._life.out.emit("node.uncordoned", node=node)
-        self._life.placement_due = True
+        self._life.placement_may_fit()
         return True
 
     def drain(self, node: NodeId) -> bool:

@@ -1,7 +1,7 @@
 """What the controller keeps durably, as data: records, writes, and the state they add up to.
 
 The controller core decides which writes a step makes and returns them in its `Step`; the shell
-commits them in one transaction (`control.store`) before it carries out any of the step's
+commits them in one transaction (`store/sqlite.py`) before it carries out any of the step's
 commands, so nothing is ever sent for a decision that a crash could forget. Only what cannot be
 observed is kept: desired state (profiles, deployments), the node registry, where each live
 replica was placed (with the exact shard specs its agents hold), and the replica-id counters.

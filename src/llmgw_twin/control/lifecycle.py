@@ -75,7 +75,7 @@ class Lifecycle:
         self.draining = draining
         """The operator is draining this node (`drain.Drainer`): its replicas go first."""
         self._timers: list[tuple[int, str, ReplicaId]] = []
-        self.placement_due = False
+        self._placement_due = False
         """Something changed that may let a pending replica fit (capacity or a new replica)."""
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
@@ -116,7 +116,7 @@ class Lifecycle:
         reason = f"moved to {copy.id}" + (f" ({why})" if why else "")
         self.reap(self.replicas[move.original], reason)
         if self.moves.ended(move):
-            self.placement_due = True
+            self._placement_due = True
 
     def fail(
         self,
@@ -163,14 +163,14 @@ class Lifecycle:
             self.assignments.drop(spec)
             self.capacity.release(spec.node, spec.gpus)
         if rec.placed:
-            self.placement_due = True
+            self._placement_due = True
             self.out.write(DeleteReplica(rec.id))
         self.out.emit(
             "replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason
         )
         broken, freed = self.moves.gone(rec, scaled_down)
         if freed:
-            self.placement_due = True
+            self._placement_due = True
         for b in broken:
             m = b.move
             self.out.emit(
@@ -226,8 +226,22 @@ class Lifecycle:
         self.out.write(PutSeq(model, seq))
         rec = ReplicaRecord(rid, model, profile, seq, self.out.now_ms)
         self.replicas.add(rec)
-        self.placement_due = True  # a new replica is a reason to try placing
+        self._placement_due = True  # a new replica is a reason to try placing
         return rec
+
+    def placement_may_fit(self) -> None:
+        """Something changed that may let a pending replica fit (capacity, a node heard, a
+        quarantine lifted): the next reconcile places the pending set."""
+        self._placement_due = True
+
+    def place_if_due(self) -> bool:
+        """Place the pending set if something changed since the last reconcile that may let a
+        replica fit; returns whether it was tried. The reason is spent either way."""
+        tried = bool(self.replicas.pending) and self._placement_due
+        if tried:
+            self.place_pending()
+        self._placement_due = False
+        return tried
 
     def place_pending(self) -> None:
         """Place the whole pending set at once (`passes.plan_pass`): the largest replicas first,
@@ -327,7 +341,7 @@ class Lifecycle:
                     reason = f"leader on {leader} not answering for {self._grace_s()}s"
                     self.fail(rec, reason, leader, crash=True)
             elif kind == "backoff" and rec.state is ReplicaState.PENDING:
-                self.placement_due = True
+                self._placement_due = True
 
     def _grace_s(self) -> int:
         return self.timings.unresponsive_grace_ms // 1000

@@ -113,7 +113,7 @@ class NodeRegistry:
                 continue
             self.out.write(PutFailedGpu(node, gpu))
             self.out.emit("gpu.failed", node=node, gpu=gpu)
-            self.life.placement_due = True
+            self.life.placement_may_fit()
             for spec in self.assignments.of(node):
                 rec = self.replicas.get(spec.replica)
                 if gpu in spec.gpus and rec is not None and rec.state.live:
@@ -126,7 +126,7 @@ class NodeRegistry:
         fabric = self.infos[node].fabric
         self.out.emit("node.link_up" if up else "node.link_down", node=node, fabric=fabric)
         if up:
-            self.life.placement_due = True
+            self.life.placement_may_fit()
 
     def judge_mass_loss(self, now_ms: int) -> None:
         alive, suspect = self.health.alive_count, self.health.suspect_count
@@ -168,7 +168,7 @@ class NodeRegistry:
         if not self.health.heard_alive(node, now_ms):
             return False
         if self.failures.heard(node, now_ms):
-            self.life.placement_due = True
+            self.life.placement_may_fit()
         return True
 
     def settled(self, node: NodeId) -> bool:
@@ -183,11 +183,11 @@ class NodeRegistry:
             self.silence_marked.discard(node)
             self.out.write(DeleteSilence(node))
         if self.failures.heard(node, now_ms):
-            self.life.placement_due = True
+            self.life.placement_may_fit()
         if node not in self.heard_nodes:
             self.heard_nodes.add(node)
             self.capacity.set_schedulable(node, True)
-            self.life.placement_due = True
+            self.life.placement_may_fit()
         self.on_health(change, announce)
 
     def on_health(self, change: HealthChange | None, announce: bool = True) -> None:
@@ -200,7 +200,7 @@ class NodeRegistry:
                 if announce:
                     self.out.emit("node.recovered", node=node, fabric=fabric)
                 self.capacity.set_schedulable(node, True)
-                self.life.placement_due = True
+                self.life.placement_may_fit()
                 self.assignments.dirty.add(node)
                 for rid in self.assignments.replicas_on(node):
                     self.life.reroute(self.replicas[rid], node, f"node {node} heard again")

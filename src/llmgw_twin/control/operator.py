@@ -64,7 +64,7 @@ class Operator:
                     raise ValueError(f"GPU {gpu} of node {node} is not marked failed")
                 self._life.out.write(durable.DeleteFailedGpu(node, gpu))
                 self._life.out.emit("gpu.cleared", node=node, gpu=gpu)
-                self._life.placement_due = True
+                self._life.placement_may_fit()
             case ClearQuarantine(node=node, profile=profile):
                 rows = self._failures.clear(node, profile)
                 if not rows:
@@ -78,7 +78,7 @@ class Operator:
                         profile=q.profile,
                         reason="cleared by the operator",
                     )
-                self._life.placement_due = True
+                self._life.placement_may_fit()
             case DeleteDeployment(model=model):
                 if model not in self._deployments:
                     raise ValueError(f"no deployment of model {model}")

@@ -3,7 +3,7 @@
 Role: carries out the agent core's `StartSidecar`, `StartEngine` and `StopShard` with real
 processes (`processes.spawn`), and feeds back what it observes as core events: `SidecarUp` once
 the sidecar answers `GET /health`; `EngineStarted` with the argv run; `EngineServing` /
-`EngineJoined` by the readiness rule in `agent_app`; after that, a serving leader's health is
+`EngineJoined` by the readiness rule in `app.py`; after that, a serving leader's health is
 probed every `probe_interval` (an agent setting, default 5 s: `EngineUnresponsive` after
 `PROBE_FAILURES` misses, `EngineServing` again on an answer); `EngineExited` with the process's
 code, or with one of `launcher`'s codes and the reason when the engine never ran or the agent

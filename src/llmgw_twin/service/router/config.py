@@ -1,7 +1,7 @@
 """The router service's YAML config, read into checked, frozen settings.
 
 Role: `load_router_config(path)` turns a file into the `RouterSettings` that
-`router_app.RouterRuntime` takes (docs/router.md lists the keys); every mistake is a
+`app.RouterRuntime` takes (docs/router.md lists the keys); every mistake is a
 `ConfigError` naming the file and the key. The listener, its TLS and the controller's TLS have
 the controller's and the agent's shape (`config_access.py`).
 

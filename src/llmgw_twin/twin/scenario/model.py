@@ -1,6 +1,6 @@
 """A scenario after loading: every name checked, every time resolved to integer milliseconds.
 
-`twin.loader` builds these from a YAML file (the format in docs/scenarios.md); the twin runs them.
+`loader.py` builds these from a YAML file (the format in docs/scenarios.md); the twin runs them.
 Nothing here refers back to YAML except the `line` kept on faults and expectations, so that a
 failing expectation can point at the line it came from.
 """
