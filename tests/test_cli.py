@@ -60,6 +60,7 @@ def test_json_report_has_the_documented_fields(capsys: pytest.CaptureFixture[str
         "ready_is_whole",
         "routes_to_ready",
         "no_orphans",
+        "one_epoch_acts",
     }
 
 

@@ -162,7 +162,7 @@ def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: 
         fatal.append(message)
         raise RuntimeError(message)  # the real one ends the process here
 
-    def broken(writes: object, events: object = ()) -> None:
+    def broken(writes: object, events: object = (), epoch: int | None = None) -> None:
         raise OSError("disk full")
 
     async def go() -> None:

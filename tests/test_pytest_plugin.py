@@ -301,7 +301,7 @@ def test_an_invariant_violation_is_explained_with_the_events_at_its_time() -> No
     assert all(isinstance(i, InvariantResult) for i in broken)
     text = explain(replace(result, invariants=broken), 3, "llmgw-twin run x.yaml --seed 1")
     lines = text.splitlines()
-    assert lines[0].startswith("FAIL node-loss: 4/4 expectations, 4/5 invariants hold")
+    assert lines[0].startswith("FAIL node-loss: 4/4 expectations, 5/6 invariants hold")
     assert lines[1] == "replay: llmgw-twin run x.yaml --seed 1"
     assert "invariant failed: ready_is_whole (7 violation(s))" in lines
     assert lines.count(f"  {violation}") == 5 and "  ... 2 more" in lines

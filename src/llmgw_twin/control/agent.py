@@ -109,6 +109,9 @@ class AgentCore:
         self._stopping: dict[tuple[ShardKey, int], ShardSpec] = {}
         """Shards told to stop whose processes may still hold their GPUs."""
         self._heartbeat: Heartbeat | None = None
+        self.leader_epoch = 0
+        """The highest controller epoch whose command this agent has seen: commands of a lower
+        one (a deposed leader's) are refused."""
         self._stop_seq = 0
 
     def shards(self) -> list[LocalShard]:
@@ -124,7 +127,9 @@ class AgentCore:
                 if s.phase in _REPORTED
             )
             failed = tuple(sorted(self._failed_gpus))
-            self._heartbeat = Heartbeat(self.node, reports, failed, self._fabric_up)
+            self._heartbeat = Heartbeat(
+                self.node, reports, failed, self._fabric_up, self.incarnation
+            )
         return self._heartbeat
 
     def registration(self) -> NodeRegistered:
@@ -135,6 +140,10 @@ class AgentCore:
         )
 
     def handle(self, event: AgentEvent) -> AgentStep:
+        if isinstance(event, Assigned | ReportRequested):
+            if event.epoch < self.leader_epoch:
+                return AgentStep(refused=event.epoch)  # a deposed leader's: fenced
+            self.leader_epoch = event.epoch
         out: list[AgentCommand] = []
         changed = False
         match event:

@@ -236,6 +236,8 @@ class Controller:
                 if node not in self._fleet.infos:
                     # unknown here (registered while this controller was down, say)
                     return Step(commands=(RequestReport(node),))
+                if 0 < event.incarnation < self._fleet.incarnations.get(node, 0):
+                    return QUIET_STEP  # sent by an agent process since replaced: stale
                 if self._fleet.hear_quiet(
                     node, now_ms, event.fabric_up, event.failed_gpus
                 ) and self._assignments.unchanged(node, shards):

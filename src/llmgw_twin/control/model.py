@@ -56,6 +56,9 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "replica.move_aborted",
     "deployment.deleted",
     "controller.started",
+    "controller.leader",
+    "controller.deposed",
+    "command.refused",
 )
 """Every kind of event the control plane emits (docs/scenarios.md says what each means)."""
 
@@ -151,6 +154,11 @@ class Timings:
     fabric."""
     defrag_interval_ms: int = 60_000
     """The least time between the starts of two defragmentations."""
+    # several controllers (docs/high-availability.md)
+    lease_ms: int = 15_000
+    """How long a leader's lease lasts in the store's time without renewal. The leader renews it
+    every third of it and steps down on its own clock a fifth before it could expire; a standby
+    tries to take an expired lease every fifth of it."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -165,6 +173,7 @@ class Timings:
             "quarantine_for_ms",
             "probe_interval_ms",
             "forget_lost_after_ms",
+            "lease_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -49,6 +49,9 @@ class Heartbeat:
     failed_gpus: tuple[int, ...] = ()
     fabric_up: bool = True
     """The node's fabric links (InfiniBand ports) are up: it can hold a multi-node shard."""
+    incarnation: int = 0
+    """The agent process's, as in its registration: a heartbeat of an older one (sent before a
+    restart, delivered after) is ignored. 0: not said (an agent from before incarnations)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +169,10 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Assigned:
-    """The controller's desired shard set for this node arrived."""
+    """The controller's desired shard set for this node arrived, from the leader of `epoch`."""
 
     shards: tuple[ShardSpec, ...]
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +250,9 @@ class HeartbeatDue:
 
 @dataclass(frozen=True, slots=True)
 class ReportRequested:
-    """The controller asked for a full registration now."""
+    """The controller (the leader of `epoch`) asked for a full registration now."""
+
+    epoch: int = 0
 
 
 AgentEvent = (
@@ -301,3 +307,6 @@ AgentCommand = StartSidecar | StartEngine | StopShard | SendReport
 @dataclass(frozen=True, slots=True)
 class AgentStep:
     commands: tuple[AgentCommand, ...] = field(default=())
+    refused: int | None = None
+    """The epoch of a controller command refused (older than one the agent has seen): nothing
+    else was done."""

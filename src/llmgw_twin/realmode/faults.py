@@ -23,6 +23,7 @@ from llmgw_twin.realmode.cluster import RealCluster, children_groups
 from llmgw_twin.service.agent.node_watch import poll_interval_ms
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
+    ClockSkew,
     Cordon,
     CrashNode,
     DeleteDeployment,
@@ -30,14 +31,18 @@ from llmgw_twin.twin.scenario.model import (
     FailGpu,
     Fault,
     HangEngine,
+    KillController,
     KillEngine,
     KillNode,
     Partition,
+    PartitionController,
     RestartAgent,
     RestartController,
     RestartNode,
     Scenario,
     SetReplicas,
+    StallController,
+    StoreDown,
 )
 from llmgw_twin.twin.world.faults import fault_subjects
 from llmgw_twin.units import fmt_offset
@@ -129,8 +134,13 @@ class RealFaults:
                     | SetReplicas()
                     | Cordon()
                     | DeleteDeployment()
+                    | KillController()
+                    | StallController()
+                    | PartitionController()
+                    | StoreDown()
+                    | ClockSkew()
                 ):
-                    pass  # nothing started ahead for these
+                    pass  # nothing started ahead for these (a controller's own: refused)
                 case _:
                     assert_never(fault.action)
 
@@ -202,6 +212,10 @@ class RealFaults:
                 cluster.start_agent(node, not_before_ns=time.monotonic_ns() + down_for_ms * 10**6)
             case HangEngine(node=node, replica_of=model):
                 await asyncio.to_thread(self._hang_engine, node, model)
+            case (
+                KillController() | StallController() | PartitionController() | StoreDown()
+            ) | ClockSkew():
+                raise AssertionError("refused up front (check_real_supported)")
             case _:
                 assert_never(fault.action)
 
@@ -347,8 +361,18 @@ class RealFaults:
             fabrics.set_ports(fabric, up=True)
 
 
-REFUSED: dict[type, str] = {}
-"""Why a fault the twin models would be refused up front here (none is: each is done for real)."""
+_ONE_CONTROLLER = (
+    "a controller's own faults run only in the twin so far (real mode runs one controller on "
+    "SQLite; docs/high-availability.md)"
+)
+REFUSED: dict[type, str] = {
+    KillController: _ONE_CONTROLLER,
+    StallController: _ONE_CONTROLLER,
+    PartitionController: _ONE_CONTROLLER,
+    StoreDown: _ONE_CONTROLLER,
+    ClockSkew: _ONE_CONTROLLER,
+}
+"""Why a fault the twin models is refused up front here."""
 
 
 def check_real_supported(scenario: Scenario) -> None:
@@ -357,7 +381,18 @@ def check_real_supported(scenario: Scenario) -> None:
             f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
             f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.nodes)}"
         )
+    if scenario.controllers > 1:
+        raise ValueError(
+            f"{scenario.path}: real mode runs one controller so far (cluster.controllers: "
+            f"{scenario.controllers}); several controllers run in the twin"
+        )
     for fault in scenario.faults:
+        if isinstance(fault.action, RestartController) and fault.action.controller not in (
+            None,
+            "leader",
+            "c1",
+        ):
+            raise ValueError(f"{scenario.path}:{fault.line}: real mode runs one controller (c1)")
         if not isinstance(fault.action, SUPPORTED):
             action = fault_subjects(fault)["action"]
             why = REFUSED.get(type(fault.action))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar, assert_never
 
 from llmgw_twin import codec
@@ -46,6 +46,7 @@ from llmgw_twin.control.durable import (
     ReplicaRow,
     Write,
 )
+from llmgw_twin.control.lease import Lease, claim, renew
 from llmgw_twin.control.model import Deployment, ModelName, NodeId, NodeInfo, Profile, TraceEvent
 
 MIGRATIONS: tuple[str, ...] = (
@@ -87,6 +88,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE cordons (node TEXT PRIMARY KEY, draining INTEGER NOT NULL);
     """,
+    # 7: the leader lease (docs/high-availability.md): who leads, in which epoch, until when
+    """
+    CREATE TABLE lease (
+        id INTEGER PRIMARY KEY CHECK (id = 0), holder TEXT NOT NULL, epoch INTEGER NOT NULL,
+        expires_ms INTEGER NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 EVENTS_KEPT = 50_000
@@ -97,6 +105,10 @@ R = TypeVar("R")
 
 class StoreError(Exception):
     pass
+
+
+class Fenced(StoreError):
+    """A commit or renewal in an epoch the store no longer holds: its controller was deposed."""
 
 
 class Store:
@@ -150,17 +162,23 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def commit(self, writes: Iterable[Write], events: Sequence[TraceEvent] = ()) -> None:
+    def commit(
+        self, writes: Iterable[Write], events: Sequence[TraceEvent] = (), epoch: int | None = None
+    ) -> None:
         """Apply one decision's writes atomically, and append `events` to the event log in the
         same transaction (numbered on from the last, the oldest beyond `events_kept` dropped);
-        returns once they are durable."""
+        returns once they are durable. With `epoch`, only while the lease is in that epoch
+        (else `Fenced`, and nothing is written): a deposed leader's decision never lands."""
         batch = list(writes)
-        if not batch and not events:
+        if not batch and not events and epoch is None:
             return
         db = self._db
         first, end = self._next_event, self._next_event + len(events)
         db.execute("BEGIN IMMEDIATE")
         try:
+            held = self._lease_row() if epoch is not None else None
+            if epoch is not None and (held is None or held.epoch != epoch):
+                raise Fenced(f"{self.path}: the lease is no longer in epoch {epoch}")
             if events:
                 db.executemany(
                     "INSERT INTO events VALUES (?, ?)",
@@ -174,6 +192,42 @@ class Store:
             db.execute("ROLLBACK")
             raise
         self._next_event = end
+
+    # --- the leader lease (`control.lease`): the caller gives the store's time --------------
+
+    def lease(self) -> Lease | None:
+        return self._lease_row()
+
+    def claim_lease(self, who: str, now_ms: int, lease_ms: int) -> Lease | None:
+        """Lead from now, in a new epoch, if the lease is free (`lease.claim`)."""
+        return self._lease_change(lambda cur: claim(cur, who, now_ms, lease_ms))
+
+    def renew_lease(self, who: str, epoch: int, now_ms: int, lease_ms: int) -> Lease:
+        """Extend the lease of the leader in `epoch`; `Fenced` if it was deposed."""
+        got = self._lease_change(lambda cur: renew(cur, who, epoch, now_ms, lease_ms))
+        if got is None:
+            raise Fenced(f"{self.path}: {who} no longer holds the lease in epoch {epoch}")
+        return got
+
+    def _lease_row(self) -> Lease | None:
+        row = self._db.execute("SELECT holder, epoch, expires_ms FROM lease").fetchone()
+        return None if row is None else Lease(str(row[0]), int(row[1]), int(row[2]))
+
+    def _lease_change(self, decide: Callable[[Lease | None], Lease | None]) -> Lease | None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            new = decide(self._lease_row())
+            if new is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO lease VALUES (0, ?, ?, ?)",
+                    (new.holder, new.epoch, new.expires_ms),
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return new
 
     def load_events(self) -> tuple[int, list[TraceEvent]]:
         """The number of the oldest event kept (of the next one, when none is) and the newest

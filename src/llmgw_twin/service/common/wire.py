@@ -258,6 +258,7 @@ class HeartbeatW(Mirror[p.Heartbeat]):
     shards: Annotated[list[ShardReportW], Field(max_length=MAX_SHARDS_PER_MESSAGE)] = []
     failed_gpus: Gpus = []
     fabric_up: Annotated[bool, Strict()] = True
+    incarnation: Signed = 0
 
     def to_core(self) -> p.Heartbeat:
         return self._to(p.Heartbeat, failed_gpus=sorted(set(self.failed_gpus)))

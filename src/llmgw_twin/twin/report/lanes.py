@@ -18,6 +18,7 @@ from typing import assert_never
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
+    ClockSkew,
     Cordon,
     CrashNode,
     DeleteDeployment,
@@ -25,13 +26,17 @@ from llmgw_twin.twin.scenario.model import (
     FailGpu,
     Fault,
     HangEngine,
+    KillController,
     KillEngine,
     KillNode,
     Partition,
+    PartitionController,
     RestartAgent,
     RestartController,
     RestartNode,
     SetReplicas,
+    StallController,
+    StoreDown,
 )
 from llmgw_twin.twin.world.faults import fault_subjects
 from llmgw_twin.twin.world.runner import RunResult
@@ -88,6 +93,8 @@ def _fault_for(fault: Fault) -> int:
             return ms
         case RestartController(down_for_ms=ms):
             return ms
+        case StallController(for_ms=ms) | PartitionController(for_ms=ms) | StoreDown(for_ms=ms):
+            return ms
         case (
             KillNode()
             | CrashNode()
@@ -99,6 +106,8 @@ def _fault_for(fault: Fault) -> int:
             | SetReplicas()
             | Cordon()
             | DeleteDeployment()
+            | KillController()
+            | ClockSkew()
         ):
             return 0  # an instant, or (an agent's restart) not drawn as a span
         case _:

@@ -17,6 +17,8 @@ from llmgw_twin.twin.world.runner import InvariantResult, RunResult
 from llmgw_twin.units import fmt_ms
 
 _ORDER = (
+    "controller",
+    "epoch",
     "fault",
     "action",
     "node",
@@ -29,7 +31,7 @@ _ORDER = (
     "rank",
     "replicas",
 )
-_LATER = ("adopted", "restored", "ready", "down_for_ms", "reason")
+_LATER = ("adopted", "restored", "ready", "down_for_ms", "side", "reason")
 
 
 def to_json(result: RunResult, wall_ms: int) -> dict[str, Any]:

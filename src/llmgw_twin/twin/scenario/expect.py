@@ -43,8 +43,8 @@ from llmgw_twin.units import fmt_ms
 LIST_SUBJECTS = ("nodes", "argv")
 """Subjects whose values are lists in the trace; they cannot be compared to one value."""
 FILTERS = tuple(s for s in EVENT_SUBJECTS if s not in LIST_SUBJECTS)
-EVENT_KEYS = ("event", "within", "never", "count")
-STATE_KEYS = ("ready_replicas", "idle_nodes", "node_state", "replicas_in")
+EVENT_KEYS = ("event", "within", "never", "count", "at_most")
+STATE_KEYS = ("ready_replicas", "idle_nodes", "node_state", "replicas_in", "leader", "leaders")
 NODE_STATES = tuple(state.value for state in NodeState)
 
 _T = TypeVar("_T", bound=str)
@@ -134,17 +134,26 @@ def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
                 f"(filters: {', '.join(FILTERS)})",
             )
     view.check_keys(
-        (*EVENT_KEYS, *FILTERS), f"event, within, never, count or a filter: {', '.join(FILTERS)}"
+        (*EVENT_KEYS, *FILTERS),
+        f"event, within, never, count, at_most or a filter: {', '.join(FILTERS)}",
     )
     kind = yn.choice(view.require("event"), f"{where}.event", EVENT_KINDS, "event kind")
     start_ms, end_ms, first, last = _window(view, where, known)
-    if view.has("never") and view.has("count"):
-        later = max(view.entry("never").key_node, view.entry("count").key_node, key=yn.line_col)
-        raise yn.Invalid.at(later, f"{where}: 'never' and 'count' cannot be used together")
+    given = [k for k in ("never", "count", "at_most") if view.has(k)]
+    if len(given) > 1:
+        later = max((view.entry(k).key_node for k in given), key=yn.line_col)
+        raise yn.Invalid.at(
+            later, f"{where}: '{given[0]}' and '{given[1]}' cannot be used together"
+        )
     never = view.has("never") and yn.boolean(view.require("never"), f"{where}.never")
     count: int | None = None
     if view.has("count"):
         count = yn.integer(view.require("count"), f"{where}.count", minimum=0, maximum=MAX_COUNT)
+    at_most: int | None = None
+    if view.has("at_most"):
+        at_most = yn.integer(
+            view.require("at_most"), f"{where}.at_most", minimum=0, maximum=MAX_COUNT
+        )
 
     written: list[tuple[str, str | int]] = []
     for entry in view.entries:
@@ -158,6 +167,7 @@ def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
             f"within [{first}, {last}]",
             *(["never"] if never else []),
             *([f"count={count}"] if count is not None else []),
+            *([f"at_most={at_most}"] if at_most is not None else []),
         ]
     )
     return EventExpectation(
@@ -167,6 +177,7 @@ def _event(view: yn.MapView, where: str, known: Known) -> EventExpectation:
         end_ms=end_ms,
         never=never,
         count=count,
+        at_most=at_most,
         line=yn.line_of(view.node),
         text=text,
     )
@@ -182,6 +193,8 @@ def _filter(key: str, node: Node, where: str, known: Known) -> str | int:
             return known.model(node, where)
         case "fault":
             return known.fault_id(node, where)
+        case "controller":
+            return known.controller(node, where, leader=False)
         case "rank":
             return yn.integer(node, where, minimum=0, maximum=MAX_SHARDS_PER_REPLICA - 1)
     # Other subjects (reasons, replica ids, counts) compare as written; numbers stay numbers.
@@ -199,6 +212,8 @@ def _state(view: yn.MapView, where: str, known: Known) -> StateExpectation:
     placed: tuple[tuple[FabricId, int], ...] | None = None
     states: tuple[tuple[NodeId, str], ...] | None = None
     idle: tuple[NodeId, ...] | None = None
+    leader: str | None = None
+    leaders: int | None = None
     parts: list[str] = []
     for entry in view.entries:
         key = entry.key
@@ -217,12 +232,20 @@ def _state(view: yn.MapView, where: str, known: Known) -> StateExpectation:
             case "idle_nodes":
                 idle = _node_list(value, key_where, known)
                 parts.append(f"{key} [{', '.join(idle)}]")
+            case "leader":
+                leader = known.controller(value, key_where, leader=False)
+                parts.append(f"leader {leader}")
+            case "leaders":
+                leaders = yn.integer(value, key_where, minimum=0, maximum=known.controllers)
+                parts.append(f"leaders {leaders}")
     return StateExpectation(
         at_ms=at_ms,
         ready_replicas=ready,
         idle_nodes=idle,
         node_state=states,
         replicas_in=placed,
+        leader=leader,
+        leaders=leaders,
         line=yn.line_of(view.node),
         text=f"at {at.text}: {', '.join(parts)}",
     )

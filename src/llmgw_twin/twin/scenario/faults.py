@@ -14,8 +14,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 from yaml.nodes import Node
 
@@ -25,6 +26,7 @@ from llmgw_twin.twin.scenario.fleet import ReplicaTotals
 from llmgw_twin.twin.scenario.limits import MAX_FAULTS, MAX_NAME_LEN, MAX_REPLICAS
 from llmgw_twin.twin.scenario.model import (
     FAULT_KEYS,
+    ClockSkew,
     Cordon,
     CrashNode,
     DeleteDeployment,
@@ -33,13 +35,17 @@ from llmgw_twin.twin.scenario.model import (
     Fault,
     FaultAction,
     HangEngine,
+    KillController,
     KillEngine,
     KillNode,
     Partition,
+    PartitionController,
     RestartAgent,
     RestartController,
     RestartNode,
     SetReplicas,
+    StallController,
+    StoreDown,
 )
 from llmgw_twin.twin.scenario.timeexpr import (
     END,
@@ -62,7 +68,11 @@ _ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "partition": ("nodes", "for"),
     "kill_engine": ("node", "replica_of"),
     "hang_engine": ("node", "replica_of"),
-    "restart_controller": ("down_for",),
+    "restart_controller": ("down_for", "controller"),
+    "stall_controller": ("controller", "for"),
+    "partition_controller": ("controller", "from", "for"),
+    "store_down": ("for",),
+    "clock_skew": ("controller", "rate"),
     "restart_agent": ("node", "down_for"),
     "fail_gpu": ("node", "gpu"),
     "fabric_down": ("fabric", "for"),
@@ -84,6 +94,18 @@ class Known:
     fault_at_ms: dict[str, int] = field(default_factory=dict)
     traffic: dict[str, None] = field(default_factory=dict)
     """The models `traffic:` sends requests to (known once that section is read)."""
+    controllers: int = 1
+
+    def controller(self, node: Node, where: str, leader: bool = True) -> str:
+        """A controller's name: `c1`..`cK` (and `leader`, where whichever leads is meant)."""
+        value = _ref(node, where)
+        names = [f"c{i + 1}" for i in range(self.controllers)]
+        if value in names or (leader and value == "leader"):
+            return value
+        allowed = [*names, "leader"] if leader else names
+        raise yn.Invalid.at(
+            node, f"{where}: unknown controller '{value}' (known: {yn.preview(allowed)})"
+        )
 
     def node(self, node: Node, where: str) -> NodeId:
         value = _ref(node, where)
@@ -226,6 +248,22 @@ def _new_id(node: Node, where: str, index_of: dict[str, int], raws: list[_Raw]) 
     return fault_id
 
 
+CONTROLLER_SIDES = ("store", "agents", "peers", "all")
+MAX_CLOCK_RATE = Fraction(10)
+
+
+def _rate(node: Node, where: str) -> tuple[int, int]:
+    """A clock rate such as `1.05` or `0.9`, exactly as written: above 0, at most 10."""
+    text = yn.text(node, where, 32, "rates")
+    try:
+        rate = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise yn.Invalid.at(node, f"{where}: expected a rate such as 1.05 or 0.9") from None
+    if not 0 < rate <= MAX_CLOCK_RATE:
+        raise yn.Invalid.at(node, f"{where}: a rate must be above 0 and at most {MAX_CLOCK_RATE}")
+    return rate.numerator, rate.denominator
+
+
 def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
     if key == "kill_node":
         return KillNode(known.node(value, where))
@@ -237,6 +275,8 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
         return Cordon(known.node(value, where), key)
     if key == "delete_deployment":
         return DeleteDeployment(known.model(value, where))
+    if key == "kill_controller":
+        return KillController(known.controller(value, where))
     view = yn.MapView(value, where)
     view.check_keys(_ACTION_KEYS.get(key, ()))
 
@@ -263,7 +303,11 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
         case "restart_agent":
             return RestartAgent(known.node(*need("node")), yn.duration(*need("down_for")))
         case "restart_controller":
-            return RestartController(yn.duration(*need("down_for")))
+            named = view.get("controller")
+            who = None if named is None else known.controller(named, f"{where}.controller")
+            return RestartController(yn.duration(*need("down_for")), who)
+        case "stall_controller" | "partition_controller" | "store_down" | "clock_skew":
+            return _controller_action(key, need, known)
         case "fail_gpu":
             node_id = known.node(*need("node"))
             gpu_node, gpu_where = need("gpu")
@@ -284,3 +328,31 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             return SetReplicas(model, replicas)
     # Only reachable if scenario.FAULT_KEYS grows before this reader does.
     raise yn.Invalid.at(value, f"{where}: this loader cannot read '{key}' faults yet")
+
+
+def _controller_action(
+    key: str, need: Callable[[str], tuple[Node, str]], known: Known
+) -> FaultAction:
+    """A controller's own fault (version 1.2) other than a kill or a restart."""
+    match key:
+        case "stall_controller":
+            who = known.controller(*need("controller"))
+            return StallController(who, yn.duration(*need("for"), positive=True))
+        case "partition_controller":
+            who = known.controller(*need("controller"))
+            side_node, side_where = need("from")
+            side = yn.text(side_node, side_where, MAX_NAME_LEN, "names")
+            if side not in CONTROLLER_SIDES:
+                raise yn.Invalid.at(
+                    side_node,
+                    f"{side_where}: '{yn.short(side)}' is not a side "
+                    f"(expected one of: {', '.join(CONTROLLER_SIDES)})",
+                )
+            return PartitionController(who, side, yn.duration(*need("for"), positive=True))
+        case "store_down":
+            return StoreDown(yn.duration(*need("for"), positive=True))
+        case "clock_skew":
+            who = known.controller(*need("controller"))
+            num, den = _rate(*need("rate"))
+            return ClockSkew(who, num, den)
+    raise AssertionError(key)

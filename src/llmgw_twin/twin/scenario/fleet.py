@@ -98,7 +98,7 @@ def _engines(node: Node, where: str) -> tuple[EngineName, ...]:
 
 def load_cluster(node: Node) -> tuple[Fabrics, tuple[NodeInfo, ...]]:
     view = yn.MapView(node, "cluster")
-    view.check_keys(("fabrics", "nodes"))
+    view.check_keys(("fabrics", "nodes", "controllers"))
     fabrics_view = yn.MapView(view.require("fabrics"), "cluster.fabrics")
     if not fabrics_view.entries:
         raise yn.Invalid.at(fabrics_view.node, "cluster.fabrics must list at least one fabric")
@@ -159,6 +159,18 @@ def load_cluster(node: Node) -> tuple[Fabrics, tuple[NodeInfo, ...]]:
                 )
             infos.append(NodeInfo(node_id, fabric_id, got.gpus, got.gpu_memory_mib, got.engines))
     return tuple(fabrics), tuple(infos)
+
+
+MAX_CONTROLLERS = 9
+"""The most controller processes a scenario may run on its one store."""
+
+
+def load_controllers(node: Node) -> int:
+    """`cluster.controllers`: how many controller processes share the store (default 1)."""
+    count = yn.MapView(node, "cluster").get("controllers")
+    if count is None:
+        return 1
+    return yn.integer(count, "cluster.controllers", minimum=1, maximum=MAX_CONTROLLERS)
 
 
 def load_profiles(node: Node) -> tuple[Profile, ...]:

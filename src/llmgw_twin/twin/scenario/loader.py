@@ -31,6 +31,7 @@ from llmgw_twin.twin.scenario.faults import Known, load_faults
 from llmgw_twin.twin.scenario.fleet import (
     ReplicaTotals,
     load_cluster,
+    load_controllers,
     load_deployments,
     load_profiles,
 )
@@ -149,6 +150,7 @@ def _scenario(text: str, path: str) -> Scenario:
     timings_node = top.get("timings")
     timings = Timings() if timings_node is None else _timings(timings_node)
     fabrics, nodes = load_cluster(top.require("cluster"))
+    controllers = load_controllers(top.require("cluster"))
     profiles_node = top.get("profiles")
     profiles = () if profiles_node is None else load_profiles(profiles_node)
     deployments_node = top.get("deployments")
@@ -179,6 +181,7 @@ def _scenario(text: str, path: str) -> Scenario:
         fabrics=dict.fromkeys(f for f, _ in fabrics),
         models=dict.fromkeys(d.model for d in deployments),
         totals=totals,
+        controllers=controllers,
     )
     faults_node = top.get("faults")
     faults: tuple[Fault, ...] = ()
@@ -206,6 +209,7 @@ def _scenario(text: str, path: str) -> Scenario:
         expectations=expectations,
         traffic=traffic,
         invariants_off=invariants_off,
+        controllers=controllers,
     )
     if (events := event_steps(scenario)) > MAX_EVENT_STEPS:
         raise yn.Invalid.at(

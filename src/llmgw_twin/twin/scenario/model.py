@@ -65,6 +65,53 @@ class HangEngine:
 @dataclass(frozen=True, slots=True)
 class RestartController:
     down_for_ms: int
+    controller: str | None = None
+    """`cN`, or None / `leader`: whichever leads at that instant."""
+
+
+# --- the controllers' own faults (version 1.2) -----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KillController:
+    """The controller's process dies and stays down (`leader`: whichever leads)."""
+
+    controller: str
+
+
+@dataclass(frozen=True, slots=True)
+class StallController:
+    """The controller freezes for `for_ms` (a VM pause, SIGSTOP) and resumes with its memory."""
+
+    controller: str
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionController:
+    """The controller and `side` (`store`, `agents`, `peers` or `all`) cannot reach each other
+    for `for_ms`."""
+
+    controller: str
+    side: str
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDown:
+    """The store refuses every read and write for `for_ms`."""
+
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSkew:
+    """The controller's clock runs at `rate` times real time from then on (exact: a fraction
+    of integers, as written)."""
+
+    controller: str
+    rate_num: int
+    rate_den: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +171,11 @@ FaultAction = (
     | SetReplicas
     | Cordon
     | DeleteDeployment
+    | KillController
+    | StallController
+    | PartitionController
+    | StoreDown
+    | ClockSkew
 )
 
 FAULT_KEYS: dict[str, type] = {
@@ -142,6 +194,11 @@ FAULT_KEYS: dict[str, type] = {
     "uncordon": Cordon,
     "drain": Cordon,
     "delete_deployment": DeleteDeployment,
+    "kill_controller": KillController,
+    "stall_controller": StallController,
+    "partition_controller": PartitionController,
+    "store_down": StoreDown,
+    "clock_skew": ClockSkew,
 }
 """The YAML key of each fault action."""
 
@@ -183,6 +240,9 @@ EVENT_SUBJECTS: tuple[str, ...] = (
     "silent",
     "fleet",
     "heard",
+    "controller",
+    "epoch",
+    "side",
 )
 """Subject fields an event may carry, and so the filters an event expectation may use."""
 
@@ -200,6 +260,7 @@ class EventExpectation:
     end_ms: int
     never: bool = False
     count: int | None = None
+    at_most: int | None = None
     line: int = 0
     text: str = ""
 
@@ -214,6 +275,10 @@ class StateExpectation:
     idle_nodes: tuple[NodeId, ...] | None = None
     node_state: tuple[tuple[NodeId, str], ...] | None = None
     replicas_in: tuple[tuple[FabricId, int], ...] | None = None
+    leader: str | None = None
+    """That controller leads at `at_ms`."""
+    leaders: int | None = None
+    """Exactly this many controllers lead at `at_ms`."""
     line: int = 0
     text: str = ""
 
@@ -263,6 +328,7 @@ INVARIANTS: tuple[str, ...] = (
     "ready_is_whole",
     "routes_to_ready",
     "no_orphans",
+    "one_epoch_acts",
 )
 
 
@@ -288,6 +354,8 @@ class Scenario:
     traffic: tuple[Traffic, ...] = ()
     invariants_off: tuple[tuple[str, str], ...] = ()
     """Invariant name -> the reason it is off."""
+    controllers: int = 1
+    """Controller processes on the one store (`c1`..`cK`); c1 starts first and leads first."""
 
     def profile(self, name: ProfileName) -> Profile:
         for p in self.profiles:

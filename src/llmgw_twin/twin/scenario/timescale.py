@@ -19,6 +19,7 @@ from typing import assert_never
 from llmgw_twin.control.model import Timings
 from llmgw_twin.twin.scenario.limits import MAX_RATE_PER_S
 from llmgw_twin.twin.scenario.model import (
+    ClockSkew,
     Cordon,
     CrashNode,
     DeleteDeployment,
@@ -29,16 +30,20 @@ from llmgw_twin.twin.scenario.model import (
     Fault,
     FaultAction,
     HangEngine,
+    KillController,
     KillEngine,
     KillNode,
     Partition,
+    PartitionController,
     RequestsExpectation,
     RestartAgent,
     RestartController,
     RestartNode,
     Scenario,
     SetReplicas,
+    StallController,
     StateExpectation,
+    StoreDown,
     Traffic,
 )
 from llmgw_twin.units import setting_keys
@@ -56,8 +61,14 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             return Partition(nodes, _ms(for_ms, factor, 1))
         case FabricDown(fabric=fabric, for_ms=for_ms):
             return FabricDown(fabric, _ms(for_ms, factor, 1))
-        case RestartController(down_for_ms=down):
-            return RestartController(_ms(down, factor))
+        case RestartController(down_for_ms=down, controller=name):
+            return RestartController(_ms(down, factor), name)
+        case StallController(controller=name, for_ms=for_ms):
+            return StallController(name, _ms(for_ms, factor, 1))
+        case PartitionController(controller=name, side=side, for_ms=for_ms):
+            return PartitionController(name, side, _ms(for_ms, factor, 1))
+        case StoreDown(for_ms=for_ms):
+            return StoreDown(_ms(for_ms, factor, 1))
         case RestartAgent(node=node, down_for_ms=down):
             return RestartAgent(node, _ms(down, factor))
         case (
@@ -70,6 +81,8 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             | SetReplicas()
             | Cordon()
             | DeleteDeployment()
+            | KillController()
+            | ClockSkew()
         ):
             return action  # instantaneous: only its time moves, and `at_ms` is scaled apart
         case _:

@@ -39,10 +39,37 @@ class Invariants:
         self._last: dict[NodeId, tuple[ShardReport, ...]] = {}
         self._booked: dict[tuple[NodeId, int], ReplicaId] = {}
         self._slots: dict[ReplicaId, list[tuple[NodeId, int]]] = {}
+        self._epoch_seen: dict[tuple[NodeId, int], int] = {}
+        self._committer: dict[int, str] = {}
 
     def _fail(self, name: str, t_ms: int, message: str) -> None:
         if len(self.violations[name]) < 50:  # enough to debug; a run stays bounded in memory
             self.violations[name].append(f"t={t_ms}ms {message}")
+
+    # --- one_epoch_acts: a deposed leader never acts ------------------------------------------
+
+    def committed(self, controller: str, epoch: int, t_ms: int) -> None:
+        """A controller's step was committed in `epoch`: no other may commit in it."""
+        self.checks["one_epoch_acts"] += 1
+        first = self._committer.setdefault(epoch, controller)
+        if first != controller:
+            self._fail(
+                "one_epoch_acts", t_ms, f"{controller} committed in epoch {epoch} of {first}"
+            )
+
+    def agent_command(
+        self, node: NodeId, incarnation: int, epoch: int, refused: bool, t_ms: int
+    ) -> None:
+        """An agent process acted on (or refused) a command of `epoch`: it must never act on
+        one older than the newest it has seen (a new agent process has seen none)."""
+        self.checks["one_epoch_acts"] += 1
+        key = (node, incarnation)
+        seen = self._epoch_seen.get(key, 0)
+        if not refused and epoch < seen:
+            self._fail(
+                "one_epoch_acts", t_ms, f"{node} acted on epoch {epoch} after seeing epoch {seen}"
+            )
+        self._epoch_seen[key] = max(seen, epoch)
 
     def delivered(self, msg: Heartbeat | NodeRegistered) -> bool:
         """Record what an agent actually told the controller (ground truth for readiness);

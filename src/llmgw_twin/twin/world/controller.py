@@ -1,11 +1,15 @@
-"""The controller's shell in the twin: a controller process in virtual time, with its store.
+"""The controllers in the twin: one or more controller processes on one shared store.
 
-It delivers messages to the controller core, runs its reconcile ticks, and carries out every
-step with `control.apply.apply_step`, as the service does: writes committed to the store, then
-events into the trace and the router, then commands over the simulated network. It can crash:
-the process and its memory are gone (ticks stop, messages to it are dropped, operator calls wait
-for it), while the store survives; after the outage a new core starts from that store and adopts
-what the agents still run.
+`ControllerShell` is what the rest of the world talks to. It routes each agent's message to the
+controller that leads (believes it leads, hears the agents and is not stalled), each operator
+call to the leader (waiting while there is none, as the operator's client retries), and carries
+out every step with `control.apply.apply_step`, as the service does: writes committed to the
+store (conditionally on the leader's epoch: a deposed leader's step ends there), then events
+into the trace and the router, then commands, each stamped with the leader's epoch, over the
+simulated network. Each process (`leader.ControllerProcess`) keeps its own lease, clock and
+faults; the store outlives them all. A new leader starts its core from the store and adopts what
+the agents still run, as a restarted controller does. With several controllers every event a
+controller publishes names it (`controller`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import assert_never
 
 from llmgw_twin.control.apply import apply_step
 from llmgw_twin.control.controller import QUIET_STEP, Controller
+from llmgw_twin.control.durable import Write
 from llmgw_twin.control.model import NodeId, TraceEvent
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
@@ -30,11 +35,16 @@ from llmgw_twin.control.protocol import (
     Step,
 )
 from llmgw_twin.control.routing import Router
-from llmgw_twin.store.sqlite import Store
+from llmgw_twin.store.sqlite import Fenced, Store
 from llmgw_twin.twin.scenario.model import Scenario
 from llmgw_twin.twin.world.checks import Invariants
+from llmgw_twin.twin.world.leader import ControllerProcess, StoreUnreachable
 from llmgw_twin.twin.world.sim import World
 from llmgw_twin.twin.world.traffic import TrafficRouter
+
+
+class Deposed(Exception):
+    """A step's commit was refused: its controller no longer leads."""
 
 
 class ControllerShell:
@@ -42,25 +52,131 @@ class ControllerShell:
         self.world = world
         self.trace = trace
         self.timings = scenario.timings
+        self.scenario = scenario
         self.checks = Invariants(scenario, world)
         self.models = [d.model for d in scenario.deployments]
-        self.store = Store(":memory:")  # the controller's disk: it outlives the process
+        self.store = Store(":memory:")  # the controllers' database: it outlives every process
+        self.store_down = False
+        self._outages = 0
+        self.several = scenario.controllers > 1
         self.router = Router()
-        self.core = Controller(scenario.timings)
-        self.up = True
-        self.generation = 0  # bumped at every crash: a dead process's timers do nothing
+        """The controller's own router (its probe each reconcile): it follows the leader."""
+        self.procs = [ControllerProcess(f"c{i + 1}", self) for i in range(scenario.controllers)]
+        self._initialized = False
+        """A leader has set the scenario's desired state up (the store holds it since)."""
+        self._last: ControllerProcess = self.procs[0]
+        """The controller that led last (the routers follow it)."""
+        self._last_core = Controller(self.timings)
+        """Its core: the view judged while no controller leads."""
         self._waiting_ops: list[ControllerEvent] = []
+        self._coasting_in: dict[NodeId, Controller] = {}
         self.traffic: TrafficRouter | None = None
         """The clients' router, its own process: it outlives a controller crash."""
         if scenario.traffic:
             self.traffic = TrafficRouter(
                 scenario, world, self.checks, lambda: self.core, lambda: self.up
             )
-        for profile in scenario.profiles:
-            self._apply(self.core.handle(ApplyProfile(profile), 0), heard=None)
-        for dep in scenario.deployments:
-            self._apply(self.core.handle(ApplyDeployment(dep), 0), heard=None)
-        self._apply(self.core.start(world.now), heard=None)
+        world.on_command = self._agent_answered
+        for proc in self.procs:  # c1 first: it leads first
+            proc.start()
+
+    # --- who leads ---------------------------------------------------------------------------
+
+    def proc(self, name: str) -> ControllerProcess:
+        for p in self.procs:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def leaders(self) -> list[ControllerProcess]:
+        """The controllers that lead now: each believes it does, is not stalled, and holds an
+        unexpired lease in its epoch in the store's time."""
+        lease = self.store.lease()
+        if lease is None or lease.expires_ms <= self.world.now:
+            return []
+        return [
+            p
+            for p in self.procs
+            if p.leading
+            and p.stalled_until is None
+            and p.name == lease.holder
+            and p.epoch == lease.epoch
+        ]
+
+    def leader(self, name: str | None = None) -> ControllerProcess | None:
+        """The controller `name` names (`leader` or None: whichever leads now)."""
+        if name is not None and name != "leader":
+            return self.proc(name)
+        leading = self.leaders()
+        return leading[0] if leading else None
+
+    @property
+    def core(self) -> Controller:
+        """The view of the controller leading now (else of the last one that led)."""
+        now = self.leader()
+        if now is not None and now.core is not None:
+            return now.core
+        return self._last_core
+
+    @property
+    def up(self) -> bool:
+        return any(p.listening for p in self.procs)
+
+    def new_core(self, proc: ControllerProcess) -> Controller:
+        if self._initialized:
+            return Controller(self.timings, restored=self.store.load())
+        return Controller(self.timings)
+
+    def took_over(self, proc: ControllerProcess) -> None:
+        """`proc` starts leading: the world's bulk heartbeats are accounted again, the routers
+        resync from it, and it sets up the desired state (the first leader) and starts."""
+        core = proc.core
+        assert core is not None
+        if self.traffic is not None:  # what the router may still pick: the last leader's word
+            self.traffic.controller_died(self._last_core)
+        self._last = proc
+        self._last_core = core
+        self.router = Router()
+        now = proc.local()
+        if not self._initialized:
+            for profile in self.scenario.profiles:
+                self.step(proc, core.handle(ApplyProfile(profile), now))
+            for dep in self.scenario.deployments:
+                self.step(proc, core.handle(ApplyDeployment(dep), now))
+            if proc.core is None:
+                return
+            self._initialized = True
+        self.step(proc, core.start(now))
+        if proc.core is None:
+            return
+        if self.traffic is not None:  # the router follows the new leader and resyncs
+            self.traffic.controller_started(core)
+        waiting, self._waiting_ops = self._waiting_ops, []
+        for msg in waiting:
+            self.operator(msg)
+
+    def lost_leader(self, proc: ControllerProcess) -> None:
+        """`proc` stops leading (it died or stepped down)."""
+        if self.traffic is not None and proc.core is not None and proc is self._last:
+            self.traffic.controller_died(proc.core)
+
+    # --- the old single-controller faults ----------------------------------------------------
+
+    def crash(self, name: str | None = None) -> ControllerProcess:
+        """A controller process dies with everything in its memory (unnamed or `leader`: the
+        one leading now, or else the one that led last)."""
+        proc = self.leader(name) or self._last
+        proc.kill()
+        return proc
+
+    def restart(self, proc: ControllerProcess) -> None:
+        """A new process of that controller starts (from the store, if it comes to lead); one
+        still running is replaced (restarts that overlap)."""
+        if proc.up:
+            proc.kill()
+        proc.start()
+
+    # --- messages ----------------------------------------------------------------------------
 
     def receive(self, msg: ControllerEvent) -> None:
         self._receive(msg)
@@ -71,94 +187,151 @@ class ControllerShell:
         return self._receive(msg)
 
     def _receive(self, msg: ControllerEvent) -> bool:
-        if not self.up:
+        listening = [p for p in self.procs if p.listening]
+        if not listening:
             return False  # nobody listening: the agent's message is lost
         heard: NodeId | None = None
         if isinstance(msg, Heartbeat | NodeRegistered) and self.checks.delivered(msg):
             heard = msg.node if isinstance(msg, Heartbeat) else msg.info.node
-        step = self.core.handle(msg, self.world.now)
-        if step is QUIET_STEP and heard is None:  # no commit, no events, nothing to check
-            if self.world.gpu_violations:
-                self.checks.after_step(self.core, self.world.now, (), None)
-            return isinstance(msg, Heartbeat) and self.core.settled(msg.node)
-        self._apply(step, heard)
-        return False
+        quiet = len(listening) == 1
+        for proc in listening:
+            core = proc.core
+            assert core is not None
+            step = core.handle(msg, proc.local())
+            if step is QUIET_STEP and heard is None:  # no commit, no events, nothing to check
+                if self.world.gpu_violations:
+                    self.checks.after_step(core, self.world.now, (), None)
+                quiet = quiet and isinstance(msg, Heartbeat) and core.settled(msg.node)
+                continue
+            quiet = False
+            self.step(proc, step, heard)
+        return quiet
 
     def coast(self, node: NodeId) -> None:
-        self.core.coast(node)
+        """The world accounts for `node`'s quiet heartbeats in bulk: the one core that hears
+        them sets it aside (a heartbeat coasts only while exactly one controller listens)."""
+        for proc in self.procs:
+            if proc.listening and proc.core is not None:
+                proc.core.coast(node)
+                self._coasting_in[node] = proc.core
 
     def land(self, node: NodeId, last_seen_ms: int) -> None:
-        self.core.land(node, last_seen_ms)
+        core = self._coasting_in.pop(node, None)
+        if core is not None:  # told to the core that set it aside, whether it still leads
+            core.land(node, last_seen_ms)
 
     def operator(self, msg: ControllerEvent) -> None:
-        """An admin API call (a deployment change); while the controller is down the operator's
-        client keeps retrying, so the call lands when it is back."""
-        if not self.up:
+        """An admin API call (a deployment change); while no controller leads the operator's
+        client keeps retrying, so the call lands at the next leader."""
+        proc = self.leader()
+        if proc is None or proc.core is None:
             self._waiting_ops.append(msg)
             return
         if isinstance(msg, ClearFailedGpu):  # the node's next heartbeat reports the GPU again
             self.world.heartbeats.land(msg.node)
-        self._apply(self.core.handle(msg, self.world.now), heard=None)
+        self.step(proc, proc.core.handle(msg, proc.local()))
 
-    def crash(self) -> None:
-        """The controller process dies with everything in its memory, the router's table too."""
-        self.world.heartbeats.land_all()  # heartbeats to a dead controller are lost, not quiet
-        self.up = False
-        self.generation += 1
-        if self.traffic is not None:
-            self.traffic.controller_died(self.core)
-
-    def restart(self) -> None:
-        """A new controller process starts from the store."""
-        self.world.heartbeats.land_all()  # (a restart without a crash between: outages overlap)
-        if self.traffic is not None and self.up:  # restarted while up (outages overlap): the
-            self.traffic.controller_died(self.core)  # process it replaces said its last word
-        self.up = True
-        self.generation += 1
-        self.router = Router()
-        self.core = Controller(self.timings, restored=self.store.load())
-        self._apply(self.core.start(self.world.now), heard=None)
-        if self.traffic is not None:  # the router reconnects and finds a new controller
-            self.traffic.controller_started(self.core)
-        waiting, self._waiting_ops = self._waiting_ops, []
-        for msg in waiting:
-            self.operator(msg)
-
-    def _tick(self, generation: int) -> None:
-        if not self.up or generation != self.generation:
+    def _tick(self, proc: ControllerProcess) -> None:
+        core = proc.core
+        if core is None:
             return
-        self._apply(self.core.tick(self.world.now), heard=None)
-        for model in self.models:  # one probe request per model per reconcile
-            route = self.router.pick(model, self.world.now)
-            if route is not None:
-                self.checks.routed(self.core, self.world.now, route.replica)
-                self.router.finished(route.replica, True, self.world.now)
-
-    def _apply(self, step: Step, heard: NodeId | None) -> None:
+        self.step(proc, core.tick(proc.local()))
+        if proc.core is None or proc is not self._last:
+            return
         now = self.world.now
-        apply_step(step, commit=self.store.commit, publish=self._publish, send=self._send)
-        self.checks.after_step(self.core, now, step.events, heard)
+        for model in self.models:  # one probe request per model per reconcile
+            route = self.router.pick(model, now)
+            if route is not None:
+                self.checks.routed(core, now, route.replica)
+                self.router.finished(route.replica, True, now)
+
+    # --- carrying out a step -----------------------------------------------------------------
+
+    def step(self, proc: ControllerProcess, step: Step, heard: NodeId | None = None) -> None:
+        core = proc.core
+        if core is None:
+            return
+        now = self.world.now
+        try:
+            apply_step(
+                step,
+                commit=lambda writes: self._commit(proc, step, writes),
+                publish=lambda ev: self._publish(proc, ev),
+                send=lambda cmd: self._send(proc, cmd),
+            )
+        except Deposed:
+            proc.step_down()
+            return
+        self.checks.after_step(core, now, step.events, heard)
         coasting = self.world.heartbeats.coasting
         if coasting:
             # a node whose assignment changed will not stay quiet: its heartbeats become events
-            for node in sorted(n for n in self.core.dirty_nodes() if n in coasting):
+            for node in sorted(n for n in core.dirty_nodes() if n in coasting):
                 self.world.heartbeats.land(node)
         if step.wake_at_ms is not None:
-            generation = self.generation
-            self.world.later(step.wake_at_ms - now, lambda: self._tick(generation))
+            proc.later(step.wake_at_ms - proc.local(), lambda: self._tick(proc))
 
-    def _publish(self, event: TraceEvent) -> None:
+    def _commit(self, proc: ControllerProcess, step: Step, writes: tuple[Write, ...]) -> None:
+        """The step's writes, in one transaction conditional on the leader's epoch (a step
+        that would change nothing and tell no one needs no commit)."""
+        if not (writes or step.events or step.commands):
+            return
+        try:
+            proc.store_call(lambda: self.store.commit(writes, epoch=proc.epoch))
+        except (Fenced, StoreUnreachable):
+            raise Deposed(proc.name) from None
+        self.checks.committed(proc.name, proc.epoch, self.world.now)
+
+    def emit(self, proc: ControllerProcess, kind: str, **subjects: object) -> None:
+        """A controller's own event (leadership), straight into the trace."""
+        self.trace.append(TraceEvent.of(self.world.now, kind, **subjects))
+
+    def _publish(self, proc: ControllerProcess, event: TraceEvent) -> None:
+        if self.several:
+            event = TraceEvent.of(
+                event.t_ms, event.kind, controller=proc.name, **dict(event.subjects)
+            )
         self.trace.append(event)
+        if proc is not self._last:
+            return
         self.router.follow(event)
         if self.traffic is not None:
             self.traffic.router.follow(event)
 
-    def _send(self, cmd: ControllerCommand) -> None:
+    def _send(self, proc: ControllerProcess, cmd: ControllerCommand) -> None:
+        if proc.cut_agents:
+            return  # it cannot reach the agents: the command is lost
         self.world.heartbeats.land(cmd.node)  # told something: the node will not stay quiet
         match cmd:
             case AssignShards(node=node, shards=shards):
-                self.world.send_to_agent(node, Assigned(shards))
+                self.world.send_to_agent(node, Assigned(shards, proc.epoch))
             case RequestReport(node=node):
-                self.world.send_to_agent(node, ReportRequested())
+                self.world.send_to_agent(node, ReportRequested(proc.epoch))
             case _:
                 assert_never(cmd)
+
+    def _agent_answered(self, node: NodeId, incarnation: int, epoch: int, refused: bool) -> None:
+        """An agent acted on, or refused, a controller command of `epoch`."""
+        self.checks.agent_command(node, incarnation, epoch, refused, self.world.now)
+        if refused:
+            self.trace.append(
+                TraceEvent.of(self.world.now, "command.refused", node=node, epoch=epoch)
+            )
+
+    # --- the controllers' own faults ---------------------------------------------------------
+
+    def named(self, name: str | None) -> ControllerProcess:
+        """The controller a fault names (`leader` or None: the one leading now, else the one
+        that led last)."""
+        return self.leader(name) or self._last
+
+    def store_outage(self, for_ms: int) -> None:
+        """The store refuses every call for `for_ms` (outages that overlap end with the last)."""
+        self._outages += 1
+        self.store_down = True
+
+        def end() -> None:
+            self._outages -= 1
+            self.store_down = self._outages > 0
+
+        self.world.later(for_ms, end)

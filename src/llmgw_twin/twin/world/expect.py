@@ -51,6 +51,11 @@ def judge_event(exp: EventExpectation, trace: list[TraceEvent]) -> Outcome:
     if exp.never:
         passed = not inside
         message = f"none in {window}" if passed else f"{len(inside)} in {window}, at {times}"
+    elif exp.at_most is not None:
+        passed = len(inside) <= exp.at_most
+        message = f"{len(inside)} in {window} (at most {exp.at_most})" + (
+            f", at {times}" if inside else ""
+        )
     elif exp.count is not None:
         passed = len(inside) == exp.count
         message = f"{len(inside)} in {window} (want {exp.count})" + (
@@ -70,9 +75,21 @@ def judge_event(exp: EventExpectation, trace: list[TraceEvent]) -> Outcome:
     return Outcome(exp.text, exp.line, passed, message)
 
 
-def judge_state(exp: StateExpectation, ctl: Controller) -> Outcome:
+def judge_state(
+    exp: StateExpectation, ctl: Controller, leaders: tuple[str, ...] = ("c1",)
+) -> Outcome:
+    """`ctl`: the view of the controller leading at the instant; `leaders`: who leads then."""
     problems: list[str] = []
     seen: list[str] = []
+    if exp.leader is not None:
+        seen.append(f"leading {list(leaders)}")
+        if exp.leader not in leaders:
+            problems.append(f"{exp.leader} does not lead (leading: {list(leaders) or 'none'})")
+    if exp.leaders is not None:
+        if exp.leader is None:
+            seen.append(f"leading {list(leaders)}")
+        if len(leaders) != exp.leaders:
+            problems.append(f"{len(leaders)} controller(s) lead, want {exp.leaders}")
     if exp.ready_replicas is not None:
         for model, want in exp.ready_replicas:
             got = len(ctl.ready_replicas(ModelName(model)))

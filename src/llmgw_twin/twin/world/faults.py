@@ -11,6 +11,7 @@ admin entry point like an API call.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import assert_never
 
 from llmgw_twin.control import protocol
@@ -21,6 +22,7 @@ from llmgw_twin.control.protocol import (
 )
 from llmgw_twin.twin.scenario.model import (
     FAULT_KEYS,
+    ClockSkew,
     Cordon,
     CrashNode,
     DeleteDeployment,
@@ -28,16 +30,21 @@ from llmgw_twin.twin.scenario.model import (
     FailGpu,
     Fault,
     HangEngine,
+    KillController,
     KillEngine,
     KillNode,
     Partition,
+    PartitionController,
     RestartAgent,
     RestartController,
     RestartNode,
     Scenario,
     SetReplicas,
+    StallController,
+    StoreDown,
 )
 from llmgw_twin.twin.world.controller import ControllerShell
+from llmgw_twin.twin.world.leader import ControllerProcess
 from llmgw_twin.twin.world.sim import World
 
 ENGINE_CRASH_EXIT_CODE = 137
@@ -87,9 +94,13 @@ def schedule_faults(
                     cuts[node] = cuts.get(node, 0) + 1
                     world.network.cut_from_controller(node)
                 world.later(for_ms, lambda: _heal(world, nodes, cuts))
-            case RestartController(down_for_ms=down_for_ms):
-                controller.crash()
-                world.later(down_for_ms, controller.restart)
+            case RestartController(down_for_ms=down_for_ms, controller=name):
+                proc = controller.crash(name)
+                world.later(down_for_ms, lambda: controller.restart(proc))
+            case (
+                KillController() | StallController() | PartitionController() | StoreDown()
+            ) | ClockSkew():
+                _controller_fault(world, controller, fault.action)
             case FailGpu(node=node, gpu=gpu):
                 world.nodes[node].fail_gpu(gpu)
             case FabricDown(fabric=fabric, for_ms=for_ms):
@@ -121,6 +132,43 @@ def _engine_fault(world: World, action: KillEngine | HangEngine) -> None:
         if not engine.hung:
             sim_node.hang_engine(engine.key)
             return
+
+
+def _controller_fault(
+    world: World,
+    controller: ControllerShell,
+    action: KillController | StallController | PartitionController | StoreDown | ClockSkew,
+) -> None:
+    match action:
+        case KillController(controller=name):
+            controller.crash(name)
+        case StallController(controller=name, for_ms=for_ms):
+            controller.named(name).stall(for_ms)
+        case PartitionController(controller=name, side=side, for_ms=for_ms):
+            _cut_controller(world, controller.named(name), side, for_ms)
+        case StoreDown(for_ms=for_ms):
+            controller.store_outage(for_ms)
+        case ClockSkew(controller=name, rate_num=num, rate_den=den):
+            controller.named(name).skew(Fraction(num, den))
+        case _:
+            assert_never(action)
+
+
+def _cut_controller(world: World, proc: ControllerProcess, side: str, for_ms: int) -> None:
+    """`proc` and `side` cannot reach each other for `for_ms` (the controllers meet only
+    through the store, so a cut from its peers changes nothing they do)."""
+    store = side in ("store", "all")
+    agents = side in ("agents", "all")
+    if agents:
+        world.heartbeats.land_all()  # its agents' heartbeats stop reaching it: not quiet
+    proc.cut_store += store
+    proc.cut_agents += agents
+
+    def heal() -> None:
+        proc.cut_store -= store
+        proc.cut_agents -= agents
+
+    world.later(for_ms, heal)
 
 
 def _restore(world: World, fabric: FabricId, downs: dict[FabricId, int]) -> None:
@@ -165,8 +213,19 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
             return {"action": "partition", "nodes": nodes}
         case KillEngine(node=node, replica_of=model) | HangEngine(node=node, replica_of=model):
             return {"action": _action_name(fault), "node": node, "model": model}
-        case RestartController(down_for_ms=down_for_ms):
-            return {"action": "restart_controller", "down_for_ms": down_for_ms}
+        case RestartController(down_for_ms=down_for_ms, controller=name):
+            named = {} if name is None else {"controller": name}
+            return {"action": "restart_controller", "down_for_ms": down_for_ms, **named}
+        case KillController(controller=name):
+            return {"action": "kill_controller", "controller": name}
+        case StallController(controller=name):
+            return {"action": "stall_controller", "controller": name}
+        case PartitionController(controller=name, side=side):
+            return {"action": "partition_controller", "controller": name, "side": side}
+        case StoreDown():
+            return {"action": "store_down"}
+        case ClockSkew(controller=name):
+            return {"action": "clock_skew", "controller": name}
         case RestartAgent(node=node, down_for_ms=down_for_ms):
             return {"action": "restart_agent", "node": node, "down_for_ms": down_for_ms}
         case FailGpu(node=node, gpu=gpu):

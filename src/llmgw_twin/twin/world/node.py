@@ -22,12 +22,14 @@ from llmgw_twin.control.agent import AgentCore, LocalShard
 from llmgw_twin.control.model import NodeId, NodeInfo, ShardKey, ShardSpec
 from llmgw_twin.control.protocol import (
     AgentEvent,
+    Assigned,
     EngineExited,
     EngineJoined,
     EngineServing,
     EngineStarted,
     FabricLink,
     GpuFailed,
+    ReportRequested,
     SendReport,
     ShardStopped,
     SidecarUp,
@@ -188,7 +190,11 @@ class SimNode:
         if epoch is not None and epoch != self.agent_epoch:
             return  # one of a dead agent's own timers
         self.world.heartbeats.land(self.name)  # its heartbeats so far, before anything changes
-        for cmd in self.core.handle(event).commands:
+        step = self.core.handle(event)
+        if isinstance(event, Assigned | ReportRequested) and self.world.on_command is not None:
+            refused = step.refused is not None
+            self.world.on_command(self.name, self.core.incarnation, event.epoch, refused)
+        for cmd in step.commands:
             match cmd:
                 case StartSidecar(spec=spec):
                     self._start_sidecar(spec)

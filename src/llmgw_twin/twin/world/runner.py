@@ -146,7 +146,8 @@ def _run(
     for at_ms, i, state_exp in states:
         if at_ms + 1 > env.now:
             env.run(until=at_ms + 1)
-        outcomes[i] = judge_state(state_exp, shell.core)
+        leading = tuple(p.name for p in shell.leaders())
+        outcomes[i] = judge_state(state_exp, shell.core, leading)
     if scenario.duration_ms + 1 > env.now:
         env.run(until=scenario.duration_ms + 1)
     shell.checks.at_end(shell.core, scenario.duration_ms)

@@ -48,6 +48,9 @@ class World:
         self.engine_starts = 0
         self.engine_start_times: list[int] = []
         self.heartbeats = Heartbeats(self, bulk)
+        self.on_command: Callable[[NodeId, int, int, bool], None] | None = None
+        """Told of every controller command an agent process (node, incarnation) acted on or
+        refused (False, True), with the command's epoch."""
         self.on_engine_stopped: Callable[[SimEngine, bool], None] | None = None
         """Told of every engine that stops, and whether its connections closed (its process
         died on a running node, or its node crashed) rather than went silent (power off)."""
