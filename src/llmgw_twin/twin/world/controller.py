@@ -287,10 +287,13 @@ class ControllerShell:
         self.trace.append(TraceEvent.of(self.world.now, kind, **subjects))
 
     def _publish(self, proc: ControllerProcess, event: TraceEvent) -> None:
+        # the trace keeps the world's time: a controller whose clock is skewed stamps its
+        # events with its own, which is not when they happened
+        now = self.world.now
         if self.several:
-            event = TraceEvent.of(
-                event.t_ms, event.kind, controller=proc.name, **dict(event.subjects)
-            )
+            event = TraceEvent.of(now, event.kind, controller=proc.name, **dict(event.subjects))
+        elif event.t_ms != now:
+            event = TraceEvent(now, event.kind, event.subjects)
         self.trace.append(event)
         if proc is not self._last:
             return
