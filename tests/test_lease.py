@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from llmgw_twin.control.agent import AgentCore
 from llmgw_twin.control.durable import PutSeq, Write
 from llmgw_twin.control.lease import Lease, LeaseTimes, claim, renew
-from llmgw_twin.control.model import FabricId, ModelName, NodeId, NodeInfo
+from llmgw_twin.control.model import EngineName, FabricId, ModelName, NodeId, NodeInfo
 from llmgw_twin.control.protocol import Assigned, AssignShards, ReportRequested, Step
 from llmgw_twin.store.sqlite import Fenced, Store
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
@@ -101,7 +101,7 @@ def test_a_deposed_leaders_commit_is_refused_and_writes_nothing(tmp_path: Path) 
 
 
 def test_an_agent_refuses_a_command_of_an_older_epoch() -> None:
-    agent = AgentCore(NodeInfo(NodeId("n1"), FabricId("f"), 8, 81_920, ("sim",)))
+    agent = AgentCore(NodeInfo(NodeId("n1"), FabricId("f"), 8, 81_920, (EngineName("sim"),)))
     assert agent.handle(Assigned((), epoch=3)).refused is None
     assert agent.handle(Assigned((), epoch=2)).refused == 2
     assert agent.handle(ReportRequested(epoch=1)).refused == 1
