@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from llmgw_twin.control.agent import AgentCore
 from llmgw_twin.control.durable import PutSeq, Write
+from llmgw_twin.control.failures import FailureBook
 from llmgw_twin.control.lease import Lease, LeaseTimes, claim, renew
 from llmgw_twin.control.model import EngineName, FabricId, ModelName, NodeId, NodeInfo
 from llmgw_twin.control.protocol import Assigned, AssignShards, ReportRequested, Step
@@ -229,3 +230,16 @@ def test_too_many_controllers_is_an_error_at_the_key() -> None:
     )
     with pytest.raises(ScenarioError, match=r"t.yaml:4:\d+: cluster.controllers"):
         load_scenario_text(text, "t.yaml")
+
+
+def test_a_successor_counts_failures_on_from_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crash loop across restarts quarantines node01 at the third crash because the history
+    is in the store; a successor that forgets it starts the loop over: no quarantine, and the
+    replacement after the restart goes back at once."""
+    path = str(SCENARIOS / "crash-loop-across-restarts.yaml")
+    assert run_scenario(load_scenario(path)).passed
+    monkeypatch.setattr(FailureBook, "restore_history", lambda self, by_model, by_node: None)
+    forgetful = run_scenario(load_scenario(path))
+    failed = [o.text for o in forgetful.expectations if not o.passed]
+    assert any("node.quarantined" in text for text in failed)
+    assert not any(e.kind == "node.quarantined" for e in forgetful.trace)

@@ -40,7 +40,8 @@ from llmgw_twin.control.model import (
     ShardSpec,
     TraceEvent,
 )
-from llmgw_twin.store.sqlite import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
+from llmgw_twin.store.schema import MIGRATIONS, SCHEMA_VERSION
+from llmgw_twin.store.sqlite import Store, StoreError
 
 TESTS = Path(__file__).resolve().parent
 

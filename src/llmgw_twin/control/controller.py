@@ -306,6 +306,7 @@ class Controller:
             if self._capacity.has_node(node):
                 self._capacity.fail_gpu(node, gpu)
         self._failures.restore(state.quarantines)
+        self._failures.restore_history(state.model_failures, state.node_failures)
         self._drain.restore(state.cordons)
         for row in state.replicas:
             profile = self._profiles[row.profile]

@@ -17,7 +17,7 @@ it (a property test checks that it does, across reopening).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import assert_never
+from typing import TypeVar, assert_never
 
 from llmgw_twin.control.model import (
     Deployment,
@@ -154,6 +154,24 @@ class DeleteCordon:
 
 
 @dataclass(frozen=True, slots=True)
+class PutModelFailures:
+    """When the model's replicas failed of late (its crash-loop back-off); none: the row goes."""
+
+    model: ModelName
+    times_ms: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PutNodeFailures:
+    """When the profile's shards failed on the node of late (toward its quarantine); none: the
+    row goes."""
+
+    node: NodeId
+    profile: ProfileName
+    times_ms: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PutClock:
     """The controller was running at `now_ms` (written at most once per heartbeat interval)."""
 
@@ -178,6 +196,8 @@ Write = (
     | PutCordon
     | DeleteCordon
     | PutClock
+    | PutModelFailures
+    | PutNodeFailures
 )
 
 
@@ -197,72 +217,108 @@ class DurableState:
     clock_ms: int = 0
     cordons: tuple[tuple[NodeId, bool], ...] = ()
     """(node, draining) for every node the operator cordoned (kept across its forgetting)."""
+    model_failures: tuple[tuple[ModelName, tuple[int, ...]], ...] = ()
+    node_failures: tuple[tuple[tuple[NodeId, ProfileName], tuple[int, ...]], ...] = ()
+    """The failure history a successor's back-off and quarantines count on."""
 
     def apply(self, writes: tuple[Write, ...] | list[Write]) -> DurableState:
-        profiles = {p.name: p for p in self.profiles}
-        deployments = {d.model: d for d in self.deployments}
-        nodes = {n.node: n for n in self.nodes}
-        replicas = {r.id: r for r in self.replicas}
-        seqs = dict(self.seqs)
-        failed = set(self.failed_gpus)
-        silent = dict(self.silent)
-        quarantines = {(q.node, q.profile): q for q in self.quarantines}
-        cordons = dict(self.cordons)
-        clock = self.clock_ms
+        books = _Books(self)
         for w in writes:
-            match w:
-                case PutProfile(profile=p):
-                    profiles[p.name] = p
-                case PutDeployment(deployment=d):
-                    deployments[d.model] = d
-                case DeleteDeployment(model=m):
-                    deployments.pop(m, None)
-                case PutNode(info=n):
-                    nodes[n.node] = n
-                case DeleteNode(node=gone):
-                    nodes.pop(gone, None)
-                    failed = {(n, g) for n, g in failed if n != gone}
-                    silent.pop(gone, None)
-                    quarantines = {k: q for k, q in quarantines.items() if k[0] != gone}
-                case PutReplica(row=r):
-                    replicas[r.id] = r
-                case DeleteReplica(replica=rid):
-                    replicas.pop(rid, None)
-                case PutSeq(model=m, seq=s):
-                    seqs[m] = s
-                case PutFailedGpu(node=n, gpu=g):
-                    failed.add((n, g))
-                case DeleteFailedGpu(node=n, gpu=g):
-                    failed.discard((n, g))
-                case PutSilence(node=n, since_ms=since):
-                    silent[n] = since
-                case DeleteSilence(node=n):
-                    silent.pop(n, None)
-                case PutQuarantine(row=q):
-                    quarantines[(q.node, q.profile)] = q
-                case DeleteQuarantine(node=n, profile=p):
-                    quarantines.pop((n, p), None)
-                case PutCordon(node=n, draining=draining):
-                    cordons[n] = draining
-                case DeleteCordon(node=n):
-                    cordons.pop(n, None)
-                case PutClock(now_ms=t):
-                    clock = t
-                case _:
-                    assert_never(w)
-        return replace(
-            self,
-            profiles=tuple(profiles[k] for k in sorted(profiles)),
-            deployments=tuple(deployments[k] for k in sorted(deployments)),
-            nodes=tuple(nodes[k] for k in sorted(nodes)),
-            replicas=tuple(replicas[k] for k in sorted(replicas)),
-            seqs=tuple(sorted(seqs.items())),
-            failed_gpus=tuple(sorted(failed)),
-            silent=tuple(sorted(silent.items())),
-            quarantines=tuple(quarantines[k] for k in sorted(quarantines)),
-            clock_ms=clock,
-            cordons=tuple(sorted(cordons.items())),
-        )
+            books.apply(w)
+        return books.state(self)
 
     def node_ids(self) -> list[NodeId]:
         return [n.node for n in self.nodes]
+
+
+class _Books:
+    """A `DurableState` as dicts, while writes are applied to it."""
+
+    def __init__(self, s: DurableState) -> None:
+        self.profiles = {p.name: p for p in s.profiles}
+        self.deployments = {d.model: d for d in s.deployments}
+        self.nodes = {n.node: n for n in s.nodes}
+        self.replicas = {r.id: r for r in s.replicas}
+        self.seqs = dict(s.seqs)
+        self.failed = set(s.failed_gpus)
+        self.silent = dict(s.silent)
+        self.quarantines = {(q.node, q.profile): q for q in s.quarantines}
+        self.cordons = dict(s.cordons)
+        self.by_model = dict(s.model_failures)
+        self.by_node = dict(s.node_failures)
+        self.clock = s.clock_ms
+
+    def apply(self, w: Write) -> None:
+        match w:
+            case PutProfile(profile=p):
+                self.profiles[p.name] = p
+            case PutDeployment(deployment=d):
+                self.deployments[d.model] = d
+            case DeleteDeployment(model=m):
+                self.deployments.pop(m, None)
+            case PutNode(info=n):
+                self.nodes[n.node] = n
+            case DeleteNode(node=gone):
+                self.nodes.pop(gone, None)
+                self.failed = {(n, g) for n, g in self.failed if n != gone}
+                self.silent.pop(gone, None)
+                self.quarantines = {k: q for k, q in self.quarantines.items() if k[0] != gone}
+                self.by_node = {k: t for k, t in self.by_node.items() if k[0] != gone}
+            case PutReplica(row=r):
+                self.replicas[r.id] = r
+            case DeleteReplica(replica=rid):
+                self.replicas.pop(rid, None)
+            case PutSeq(model=m, seq=s):
+                self.seqs[m] = s
+            case PutFailedGpu(node=n, gpu=g):
+                self.failed.add((n, g))
+            case DeleteFailedGpu(node=n, gpu=g):
+                self.failed.discard((n, g))
+            case PutSilence(node=n, since_ms=since):
+                self.silent[n] = since
+            case DeleteSilence(node=n):
+                self.silent.pop(n, None)
+            case PutQuarantine(row=q):
+                self.quarantines[(q.node, q.profile)] = q
+            case DeleteQuarantine(node=n, profile=p):
+                self.quarantines.pop((n, p), None)
+            case PutCordon(node=n, draining=draining):
+                self.cordons[n] = draining
+            case DeleteCordon(node=n):
+                self.cordons.pop(n, None)
+            case PutClock(now_ms=t):
+                self.clock = t
+            case PutModelFailures(model=m, times_ms=times):
+                _keep(self.by_model, m, times)
+            case PutNodeFailures(node=n, profile=p, times_ms=times):
+                _keep(self.by_node, (n, p), times)
+            case _:
+                assert_never(w)
+
+    def state(self, s: DurableState) -> DurableState:
+        return replace(
+            s,
+            profiles=tuple(self.profiles[k] for k in sorted(self.profiles)),
+            deployments=tuple(self.deployments[k] for k in sorted(self.deployments)),
+            nodes=tuple(self.nodes[k] for k in sorted(self.nodes)),
+            replicas=tuple(self.replicas[k] for k in sorted(self.replicas)),
+            seqs=tuple(sorted(self.seqs.items())),
+            failed_gpus=tuple(sorted(self.failed)),
+            silent=tuple(sorted(self.silent.items())),
+            quarantines=tuple(self.quarantines[k] for k in sorted(self.quarantines)),
+            clock_ms=self.clock,
+            cordons=tuple(sorted(self.cordons.items())),
+            model_failures=tuple(sorted(self.by_model.items())),
+            node_failures=tuple(sorted(self.by_node.items())),
+        )
+
+
+_K = TypeVar("_K")
+
+
+def _keep(book: dict[_K, tuple[int, ...]], key: _K, times: tuple[int, ...]) -> None:
+    """A history row: kept while it has times, gone once it has none."""
+    if times:
+        book[key] = times
+    else:
+        book.pop(key, None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from llmgw_twin.control.durable import QuarantineRow
+from llmgw_twin.control.durable import PutModelFailures, PutNodeFailures, QuarantineRow
 from llmgw_twin.control.model import ModelName, NodeId, ProfileName, Timings
 
 
@@ -98,6 +98,29 @@ class FailureBook:
             del self._unheard[node]
             return True
         return False
+
+    def history(
+        self, model: ModelName, profile: ProfileName, blamed: tuple[NodeId, ...]
+    ) -> list[PutModelFailures | PutNodeFailures]:
+        """The durable writes of the history a failure just changed: a successor counts its
+        back-off and quarantines on from there, not from zero."""
+        out: list[PutModelFailures | PutNodeFailures] = [
+            PutModelFailures(model, tuple(self._by_model.get(model, ())))
+        ]
+        for node in sorted(set(blamed)):
+            times = self._by_node.get((node, profile), ())
+            out.append(PutNodeFailures(node, profile, tuple(times)))
+        return out
+
+    def restore_history(
+        self,
+        by_model: tuple[tuple[ModelName, tuple[int, ...]], ...],
+        by_node: tuple[tuple[tuple[NodeId, ProfileName], tuple[int, ...]], ...],
+    ) -> None:
+        for model, times in by_model:
+            self._by_model[model] = deque(times)
+        for key, times in by_node:
+            self._by_node[key] = deque(times)
 
     def waits_on(self, node: NodeId) -> bool:
         """A replica with a shard on the node failed, and the node has not been heard since:

@@ -137,6 +137,9 @@ class Lifecycle:
         started = self.failures.replica_failed(
             rec.model, rec.profile.name, blamed, rec.nodes, self.out.now_ms, crash, reporter
         )
+        if crash:  # counted toward back-off and quarantine: a successor counts on from here
+            for write in self.failures.history(rec.model, rec.profile.name, blamed):
+                self.out.write(write)
         for n in rec.nodes if crash else ():
             if n != reporter and self.node_ok(n):
                 # is it still there? a replacement avoids it until it answers

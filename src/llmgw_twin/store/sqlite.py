@@ -7,8 +7,12 @@ body is its record's canonical JSON (`codec.dumps`: sorted keys), so the same st
 bytes; it is read back with `codec.loads`, where a field the row predates takes the dataclass
 default, and a row that does not decode is a `StoreError` naming its table and key.
 
-The schema carries a version (`PRAGMA user_version`); opening a store runs every migration it
-lacks, in order, each in its own transaction, and refuses a store newer than this code.
+The schema carries a version (`PRAGMA user_version`; the migrations are `schema.py`'s);
+opening a store runs every migration it lacks, in order, each in its own transaction, and
+refuses a store newer than this code. How writes and events become rows is `rows.py`.
+
+The leader lease lives here too (`claim_lease`, `renew_lease`, `control.lease`): with `epoch`,
+a commit lands only while the lease is still in that epoch (`Fenced` otherwise).
 
 The controller service's event log rides in the same transactions: `commit(writes, events)`
 appends the events, numbered on from the newest kept (a number is never used twice), and drops
@@ -17,86 +21,30 @@ all but the newest `events_kept` in that same transaction; `load_events()` reads
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar, assert_never
+from typing import TypeVar
 
 from llmgw_twin import codec
 from llmgw_twin.control.durable import (
-    DeleteCordon,
-    DeleteDeployment,
-    DeleteFailedGpu,
-    DeleteNode,
-    DeleteQuarantine,
-    DeleteReplica,
-    DeleteSilence,
     DurableState,
-    PutClock,
-    PutCordon,
-    PutDeployment,
-    PutFailedGpu,
-    PutNode,
-    PutProfile,
-    PutQuarantine,
-    PutReplica,
-    PutSeq,
-    PutSilence,
     QuarantineRow,
     ReplicaRow,
     Write,
 )
 from llmgw_twin.control.lease import Lease, claim, renew
-from llmgw_twin.control.model import Deployment, ModelName, NodeId, NodeInfo, Profile, TraceEvent
-
-MIGRATIONS: tuple[str, ...] = (
-    # 1: desired state, node registry, placed replicas, id counters
-    """
-    CREATE TABLE profiles (name TEXT PRIMARY KEY, body TEXT NOT NULL);
-    CREATE TABLE deployments (model TEXT PRIMARY KEY, body TEXT NOT NULL);
-    CREATE TABLE nodes (node TEXT PRIMARY KEY, body TEXT NOT NULL);
-    CREATE TABLE replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL, body TEXT NOT NULL);
-    CREATE TABLE seqs (model TEXT PRIMARY KEY, seq INTEGER NOT NULL);
-    """,
-    # 2: where each node's agent listens (the production shell's, not the core's, to keep)
-    """
-    CREATE TABLE agent_urls (node TEXT PRIMARY KEY, url TEXT NOT NULL);
-    """,
-    # 3: health a restart must not forget: failed GPUs, quarantines, silence, the last clock
-    """
-    CREATE TABLE failed_gpus (node TEXT NOT NULL, gpu INTEGER NOT NULL, PRIMARY KEY (node, gpu));
-    CREATE TABLE quarantines (
-        node TEXT NOT NULL, profile TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (node, profile)
-    );
-    CREATE TABLE silence (node TEXT PRIMARY KEY, since_ms INTEGER NOT NULL);
-    CREATE TABLE clock (id INTEGER PRIMARY KEY CHECK (id = 0), now_ms INTEGER NOT NULL);
-    """,
-    # 4: node credentials (the production shell's): the token's hash, never the token, and the
-    # agent address the credential is bound to
-    """
-    CREATE TABLE node_credentials (
-        node TEXT PRIMARY KEY, token_sha256 TEXT NOT NULL, agent_url TEXT NOT NULL,
-        issued_ms INTEGER NOT NULL
-    );
-    """,
-    # 5: the controller service's event log (`GET /v1/admin/events`), by its sequence number:
-    # the newest events, so that they outlive the process
-    """
-    CREATE TABLE events (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
-    """,
-    # 6: the operator's cordons (draining: 1 while its replicas are moved off the node)
-    """
-    CREATE TABLE cordons (node TEXT PRIMARY KEY, draining INTEGER NOT NULL);
-    """,
-    # 7: the leader lease (docs/high-availability.md): who leads, in which epoch, until when
-    """
-    CREATE TABLE lease (
-        id INTEGER PRIMARY KEY CHECK (id = 0), holder TEXT NOT NULL, epoch INTEGER NOT NULL,
-        expires_ms INTEGER NOT NULL
-    );
-    """,
+from llmgw_twin.control.model import (
+    Deployment,
+    ModelName,
+    NodeId,
+    NodeInfo,
+    Profile,
+    ProfileName,
+    TraceEvent,
 )
-SCHEMA_VERSION = len(MIGRATIONS)
+from llmgw_twin.store.rows import apply_write, event_of, event_text, times_of
+from llmgw_twin.store.schema import MIGRATIONS, SCHEMA_VERSION
+
 EVENTS_KEPT = 50_000
 """How many of the newest events a store keeps, unless told otherwise."""
 
@@ -182,11 +130,11 @@ class Store:
             if events:
                 db.executemany(
                     "INSERT INTO events VALUES (?, ?)",
-                    ((first + i, _event_text(ev)) for i, ev in enumerate(events)),
+                    ((first + i, event_text(ev)) for i, ev in enumerate(events)),
                 )
                 db.execute("DELETE FROM events WHERE seq < ?", (end - self.events_kept,))
             for w in batch:
-                _apply_write(db, w)
+                apply_write(db, w)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -240,7 +188,7 @@ class Store:
             if seq != first + len(out):
                 raise StoreError(f"{self.path}: events: event {first + len(out)} is missing")
             try:
-                out.append(_event_of(body))
+                out.append(event_of(body))
             except (ValueError, TypeError) as err:
                 raise StoreError(f"{self.path}: events row {seq}: {err}") from err
         return first, out
@@ -327,81 +275,14 @@ class Store:
                 (NodeId(n), bool(d))
                 for n, d in db.execute("SELECT node, draining FROM cordons ORDER BY node")
             ),
+            model_failures=tuple(
+                (ModelName(m), times_of(t))
+                for m, t in db.execute("SELECT model, times FROM model_failures ORDER BY model")
+            ),
+            node_failures=tuple(
+                ((NodeId(n), ProfileName(p)), times_of(t))
+                for n, p, t in db.execute(
+                    "SELECT node, profile, times FROM node_failures ORDER BY node, profile"
+                )
+            ),
         )
-
-
-def _event_text(ev: TraceEvent) -> str:
-    """An event as canonical JSON: `{"kind", "subjects": {name: value}, "t_ms"}`, a tuple value
-    as a list (subjects are scalars and flat tuples of them)."""
-    subjects = {k: list(v) if isinstance(v, tuple) else v for k, v in ev.subjects}
-    body = {"t_ms": ev.t_ms, "kind": ev.kind, "subjects": subjects}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
-def _event_of(text: str) -> TraceEvent:
-    """`_event_text` read back: the same event (a list value is a tuple again)."""
-    body = json.loads(text)
-    if not isinstance(body, dict):
-        raise ValueError("not an event object")
-    t_ms, kind, subjects = body.get("t_ms"), body.get("kind"), body.get("subjects")
-    if type(t_ms) is not int or not isinstance(kind, str) or not isinstance(subjects, dict):
-        raise ValueError("expected t_ms (an integer), kind (a string) and subjects (an object)")
-    pairs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in subjects.items()))
-    return TraceEvent(t_ms, kind, pairs)
-
-
-def _apply_write(db: sqlite3.Connection, w: Write) -> None:
-    """One durable write, inside the caller's transaction."""
-    match w:
-        case PutProfile(profile=p):
-            db.execute(
-                "INSERT OR REPLACE INTO profiles VALUES (?, ?)",
-                (p.name, codec.dumps(p)),
-            )
-        case PutDeployment(deployment=d):
-            db.execute(
-                "INSERT OR REPLACE INTO deployments VALUES (?, ?)",
-                (d.model, codec.dumps(d)),
-            )
-        case PutNode(info=n):
-            db.execute(
-                "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
-                (n.node, codec.dumps(n)),
-            )
-        case DeleteNode(node=gone):
-            for table in ("nodes", "failed_gpus", "silence", "quarantines"):
-                db.execute(f"DELETE FROM {table} WHERE node = ?", (gone,))  # noqa: S608
-        case PutReplica(row=r):
-            db.execute(
-                "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
-                (r.id, r.model, codec.dumps(r)),
-            )
-        case DeleteReplica(replica=rid):
-            db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
-        case PutSeq(model=m, seq=s):
-            db.execute("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (m, s))
-        case PutFailedGpu(node=n, gpu=g):
-            db.execute("INSERT OR REPLACE INTO failed_gpus VALUES (?, ?)", (n, g))
-        case DeleteFailedGpu(node=n, gpu=g):
-            db.execute("DELETE FROM failed_gpus WHERE node = ? AND gpu = ?", (n, g))
-        case PutSilence(node=n, since_ms=since):
-            db.execute("INSERT OR REPLACE INTO silence VALUES (?, ?)", (n, since))
-        case DeleteSilence(node=n):
-            db.execute("DELETE FROM silence WHERE node = ?", (n,))
-        case PutQuarantine(row=q):
-            db.execute(
-                "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?)",
-                (q.node, q.profile, codec.dumps(q)),
-            )
-        case DeleteQuarantine(node=n, profile=p):
-            db.execute("DELETE FROM quarantines WHERE node = ? AND profile = ?", (n, p))
-        case PutClock(now_ms=t):
-            db.execute("INSERT OR REPLACE INTO clock VALUES (0, ?)", (t,))
-        case DeleteDeployment(model=m):
-            db.execute("DELETE FROM deployments WHERE model = ?", (m,))
-        case PutCordon(node=n, draining=draining):
-            db.execute("INSERT OR REPLACE INTO cordons VALUES (?, ?)", (n, draining))
-        case DeleteCordon(node=n):
-            db.execute("DELETE FROM cordons WHERE node = ?", (n,))
-        case _:
-            assert_never(w)
