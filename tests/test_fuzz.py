@@ -29,11 +29,6 @@ from llmgw_twin.control.room import Shape
 from llmgw_twin.twin.fuzz.cli import parse_seeds, sweep
 from llmgw_twin.twin.fuzz.gen import (
     FAULT_KINDS,
-    Plan,
-    PlanDeployment,
-    PlanFault,
-    PlanNode,
-    PlanProfile,
     capacity_allows,
     duration_ms,
     generate,
@@ -48,6 +43,7 @@ from llmgw_twin.twin.fuzz.judge import (
     judge_result,
     sweep_sha256,
 )
+from llmgw_twin.twin.fuzz.plan import Plan, PlanDeployment, PlanFault, PlanNode, PlanProfile
 from llmgw_twin.twin.fuzz.shrink import size_of
 from llmgw_twin.twin.scenario.loader import load_scenario, load_scenario_text
 from llmgw_twin.twin.scenario.model import StateExpectation

@@ -139,6 +139,9 @@ class AssignShards:
 
     node: NodeId
     shards: tuple[ShardSpec, ...]
+    epoch: int = 0
+    """The sending leader's, stamped by its shell (the core leaves it 0): an agent that has seen
+    a higher epoch refuses the command."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,8 @@ class RequestReport:
     this to every node it knows, and to any node whose heartbeat it cannot place."""
 
     node: NodeId
+    epoch: int = 0
+    """As `AssignShards.epoch`."""
 
 
 ControllerCommand = AssignShards | RequestReport

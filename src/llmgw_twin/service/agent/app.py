@@ -248,11 +248,21 @@ class AgentRuntime:
 
     # --- the core ----------------------------------------------------------------------------
 
-    def _feed(self, event: AgentEvent) -> None:
-        """One core call and its commands, started in order; never awaits."""
+    def _feed(self, event: AgentEvent) -> int | None:
+        """One core call and its commands, started in order; never awaits. Returns the epoch
+        of a controller command the core refused (a deposed leader's), else None."""
         if self._stopping:
-            return
-        for cmd in self.core.handle(event).commands:
+            return None
+        step = self.core.handle(event)
+        if step.refused is not None:
+            log.warning(
+                "command.refused: a command of epoch %d, after one of epoch %d (a deposed "
+                "controller's)",
+                step.refused,
+                self.core.leader_epoch,
+            )
+            return step.refused
+        for cmd in step.commands:
             match cmd:
                 case StartSidecar(spec=spec):
                     self.shards.start_sidecar(spec)
@@ -265,6 +275,7 @@ class AgentRuntime:
                     self._enqueue(report)
                 case _:
                     assert_never(cmd)
+        return None
 
     # --- reports to the controller -----------------------------------------------------------
 
@@ -339,13 +350,21 @@ class AgentRuntime:
                     f"shard {spec.replica}/{spec.rank} wants GPUs {list(spec.gpus)}; node "
                     f"{self.info.node} has {self.info.gpus}"
                 )
-        self._feed(Assigned(cmd.shards))
+        self._refuse_if(self._feed(Assigned(cmd.shards, cmd.epoch)))
         return {"ok": True, "shards": len(cmd.shards)}
 
     def report_request(self, body: RequestReportW) -> dict[str, Any]:
         self._check_node(body.node)
-        self._feed(ReportRequested())
+        self._refuse_if(self._feed(ReportRequested(body.epoch)))
         return {"ok": True}
+
+    def _refuse_if(self, refused: int | None) -> None:
+        if refused is not None:
+            raise Refused(
+                f"epoch {refused} is older than epoch {self.core.leader_epoch}, which this agent "
+                "has seen: the sender no longer leads",
+                409,
+            )
 
     def state(self) -> dict[str, Any]:
         shards = []

@@ -116,7 +116,7 @@ class ShardRunner:
     def __init__(
         self,
         settings: AgentSettings,
-        feed: Callable[[AgentEvent], None],
+        feed: Callable[[AgentEvent], object],
         now_ms: Callable[[], int],
         incarnation: int = 0,
     ) -> None:

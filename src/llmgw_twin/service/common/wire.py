@@ -274,10 +274,13 @@ class ReportReplyW(Wire):
 class AssignShardsW(Mirror[p.AssignShards]):
     node: Name
     shards: Annotated[list[ShardSpecW], Field(max_length=MAX_SHARDS_PER_MESSAGE)]
+    epoch: Count = 0
+    """The sending leader's epoch (docs/high-availability.md); 0 from a controller before them."""
 
 
 class RequestReportW(Mirror[p.RequestReport]):
     node: Name
+    epoch: Count = 0
 
 
 class ProfileW(Wire):

@@ -77,6 +77,7 @@ from llmgw_twin.service.controller.config import ControllerSettings
 from llmgw_twin.service.controller.delivery import Delivery
 from llmgw_twin.service.controller.gcpauses import GcPauses
 from llmgw_twin.service.controller.lag import LagMonitor
+from llmgw_twin.service.controller.leadership import Leadership
 from llmgw_twin.service.controller.metrics import ControllerMetrics
 from llmgw_twin.service.controller.timings import ControllerTimings
 from llmgw_twin.service.router.forwarding import Forwarder
@@ -150,9 +151,18 @@ class ControllerRuntime(AdminCalls):
         # restart repeats no number), then this process's, each committed before it is here;
         # `_events_dropped` is the number of `_events[0]`
         self._events_dropped, self._events = self.store.load_events()
-        self.committer = Committer(self.store, self._carry_out, fatal)
+        self.committer = Committer(
+            self.store, self._carry_out, fatal, epoch=lambda: self.leadership.epoch
+        )
+        self.leadership = Leadership(
+            self.store, settings.name, settings.timings.lease_ms, self.committer.run, fatal
+        )
         self.delivery = Delivery(
-            self._agent_urls, self.keys, tls=settings.agents_tls, transport=agent_transport
+            self._agent_urls,
+            self.keys,
+            tls=settings.agents_tls,
+            transport=agent_transport,
+            epoch=lambda: self.leadership.epoch or 0,
         )
         self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None
@@ -176,8 +186,10 @@ class ControllerRuntime(AdminCalls):
         s = self.settings
         self.delivery.open()
         self.forwarder.open()
-        restored = self.store.load()
         self.committer.start()
+        await self.leadership.claim()  # a standby waits here until it leads
+        self.leadership.start()
+        restored = self.store.load()
         async with self._lock:
             if restored != DurableState():
                 log.info(
@@ -216,6 +228,7 @@ class ControllerRuntime(AdminCalls):
         if self.gc_pauses is not None:
             await self.gc_pauses.stop()
         await self.lag.stop()
+        await self.leadership.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)

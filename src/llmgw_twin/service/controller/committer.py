@@ -51,8 +51,12 @@ class Committer:
         store: Store,
         carry_out: Callable[[Step, NodeId | None], None],
         fatal: Callable[[str], None],
+        epoch: Callable[[], int | None] = lambda: None,
     ) -> None:
+        """`epoch`: the leader's; every commit is conditional on it (`Store.commit`), so a
+        deposed leader's commit fails, and `fatal` ends the process before it acts."""
         self.store = store
+        self._epoch = epoch
         self._carry_out = carry_out
         self._fatal = fatal
         self._queue: collections.deque[_Queued] = collections.deque()
@@ -109,7 +113,7 @@ class Committer:
             events: tuple[TraceEvent, ...] = tuple(e for q in batch for e in q.step.events)
             if writes or events:
                 try:
-                    await self.run(self.store.commit, writes, events)
+                    await self.run(self.store.commit, writes, events, self._epoch())
                 except Exception as e:
                     log.exception("committing %d steps failed", len(batch))
                     for q in batch:

@@ -89,6 +89,9 @@ class ControllerFile(_Strict):
     agents_tls: ClientTlsC | None = None
     limits: LimitsC = LimitsC()
     events_kept: Positive = EVENTS_KEPT
+    name: Name = "c1"
+    """This controller's name in the store's lease (docs/high-availability.md): unique among the
+    controllers that share one store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,8 @@ class ControllerSettings:
     limits: ControllerLimits = DEFAULT_LIMITS
     events_kept: int = EVENTS_KEPT
     """How many of the newest events the event log keeps, in the store and in memory."""
+    name: str = "c1"
+    """This controller's name in the store's lease."""
 
 
 def _timings(path: Path, raw: dict[str, Any]) -> Timings:
@@ -207,4 +212,5 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         agents_tls=client_tls(path, f.agents_tls),
         limits=limits_settings(path, f.limits),
         events_kept=f.events_kept,
+        name=f.name,
     )

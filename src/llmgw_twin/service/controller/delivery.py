@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -58,10 +60,12 @@ class Delivery:
         tls: ClientTls | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
+        epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         """`agent_urls` is the runtime's own map, read at each send (it changes as nodes are
-        onboarded and register)."""
+        onboarded and register); `epoch`, the leader's epoch every command carries."""
         self._urls = agent_urls
+        self._epoch = epoch
         self._keys = keys
         self._tls = tls
         self._transport = transport
@@ -191,6 +195,7 @@ class Delivery:
         if url is None:
             return True
         body: dict[str, Any]
+        cmd = replace(cmd, epoch=self._epoch())
         if isinstance(cmd, AssignShards):
             path, body = "/v1/assign", AssignShardsW.from_core(cmd).model_dump(mode="json")
         else:

@@ -7,9 +7,10 @@ swarm style: the seed enables a random subset of `FAULT_KINDS` and draws every f
 subset only, some of them in bursts (within two seconds of the one before, or at its very
 instant). The schedule ends in a heal (`Plan.heal_at_ms`): every node still down is restarted
 and every deployment is set back to its desired count; partitions, fabric outages and controller
-outages are drawn to be over by then. `scenario_text(plan)` writes the plan as a scenario file
-(docs/scenarios.md) whose only expectation is liveness: at the end, every deployment has its
-desired count of ready replicas -- asserted only when `capacity_allows(plan)`.
+outages are drawn to be over by then. About a third of the seeds also run two or three
+controllers and draw their own faults (`leaders.py`). `scenario_text(plan)` writes the plan as
+a scenario file (docs/scenarios.md) whose only expectation is liveness: at the end, every
+deployment has its desired count of ready replicas -- asserted only when `capacity_allows(plan)`.
 
 Invariants: the same seed gives the same plan and the same text, on every machine (no clock, no
 hash-ordered iteration); every text this module writes loads with `load_scenario_text`; the run
@@ -19,9 +20,18 @@ lasts `heal_at_ms + liveness_bound_ms(plan)`.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from llmgw_twin.control.model import Timings
+from llmgw_twin.twin.fuzz.leaders import (
+    CONTROLLER_KINDS,
+    SLOWEST,
+    controller_faults,
+    controller_heal,
+    controller_line,
+    leadership_bound_ms,
+)
+from llmgw_twin.twin.fuzz.plan import Plan, PlanDeployment, PlanFault, PlanNode, PlanProfile
 from llmgw_twin.units import fmt_duration, setting_keys
 
 SWARM_KINDS: tuple[str, ...] = (
@@ -41,73 +51,11 @@ OPERATOR_KINDS: tuple[str, ...] = ("cordon", "drain", "restart_agent")
 """Further kinds, each enabled in about a third of the seeds by a random source of their own
 (`_operator_faults`), so that the plans of the kinds above are what they were before these came:
 a node cordoned or drained (uncordoned at the heal), an agent that dies alone and comes back."""
-FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS
+FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS + CONTROLLER_KINDS
 
 FABRIC_NAMES = ("ib-a", "ib-b", "ib-c")
 SLACK_MS = 30_000
 """Liveness bound slack: messages, sidecars, reconcile intervals, heartbeat phases."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlanNode:
-    name: str
-    gpus: int
-
-
-@dataclass(frozen=True, slots=True)
-class PlanProfile:
-    name: str
-    nodes: int
-    gpus_per_node: int
-    load_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class PlanDeployment:
-    model: str
-    profile: str
-    replicas: int
-
-
-@dataclass(frozen=True, slots=True)
-class PlanFault:
-    """One fault of the schedule; only the fields its `kind` uses are set."""
-
-    at_ms: int
-    kind: str
-    node: str = ""
-    nodes: tuple[str, ...] = ()
-    model: str = ""
-    gpu: int = 0
-    fabric: str = ""
-    for_ms: int = 0
-    replicas: int = 0
-
-    @property
-    def end_ms(self) -> int:
-        """When the fault is over (partitions, outages); its instant for the others."""
-        return self.at_ms + self.for_ms
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    seed: int
-    timings: Timings
-    fabrics: tuple[tuple[str, tuple[PlanNode, ...]], ...]
-    profiles: tuple[PlanProfile, ...]
-    deployments: tuple[PlanDeployment, ...]
-    faults: tuple[PlanFault, ...]
-    """The fault phase, sorted by time; the heal (`heal_faults`) comes after it."""
-    heal_at_ms: int
-    enabled: tuple[str, ...]
-    """The fault kinds this seed enabled (swarm testing); `faults` draws only from these."""
-
-    @property
-    def nodes(self) -> tuple[PlanNode, ...]:
-        return tuple(n for _, members in self.fabrics for n in members)
-
-    def profile(self, name: str) -> PlanProfile:
-        return next(p for p in self.profiles if p.name == name)
 
 
 def generate(seed: int) -> Plan:
@@ -159,9 +107,20 @@ def generate(seed: int) -> Plan:
     extra, more = _operator_faults(seed, plan, start_ms)
     enabled += more
     faults += extra
+    extra, more, controllers = controller_faults(seed, plan, start_ms)
+    enabled += more
+    faults += extra
     faults.sort(key=lambda f: f.at_ms)  # stable: ties keep the order they were drawn in
     return Plan(
-        seed, timings, tuple(fabrics), profiles, deployments, tuple(faults), heal_at_ms, enabled
+        seed,
+        timings,
+        tuple(fabrics),
+        profiles,
+        deployments,
+        tuple(faults),
+        heal_at_ms,
+        enabled,
+        controllers,
     )
 
 
@@ -247,7 +206,7 @@ def heal_faults(plan: Plan) -> tuple[PlanFault, ...]:
         for d in plan.deployments
         if current[d.model] != wanted[d.model]
     ]
-    return (*restarts, *uncordons, *sets)
+    return (*restarts, *uncordons, *sets, *controller_heal(plan))
 
 
 def failed_gpus(plan: Plan) -> dict[str, set[int]]:
@@ -269,7 +228,10 @@ def liveness_bound_ms(plan: Plan) -> int:
     load = max((p.load_ms for p in plan.profiles), default=0)
     recover = max(2 * load + t.start_grace_ms, t.probe_interval_ms + t.unresponsive_grace_ms)
     wait = max(t.quarantine_for_ms, t.restart_backoff_max_ms)
-    return t.node_lost_after_ms + recover + wait + load + SLACK_MS
+    bound = t.node_lost_after_ms + recover + wait + load + SLACK_MS
+    if any(f.kind == "clock_skew" for f in plan.faults):
+        bound = int(bound / SLOWEST) + 1  # a slow controller's timers run that much longer
+    return bound + leadership_bound_ms(plan)
 
 
 def duration_ms(plan: Plan) -> int:
@@ -351,7 +313,7 @@ def _fault_line(f: PlanFault, fault_id: str) -> str:
             body = f"partition: {{nodes: [{', '.join(f.nodes)}], for: {fmt_duration(f.for_ms)}}}"
         case "kill_engine" | "hang_engine":
             body = f"{f.kind}: {{node: {f.node}, replica_of: {f.model}}}"
-        case "restart_controller":
+        case "restart_controller" if not f.controller:
             body = f"restart_controller: {{down_for: {fmt_duration(f.for_ms)}}}"
         case "fail_gpu":
             body = f"fail_gpu: {{node: {f.node}, gpu: {f.gpu}}}"
@@ -360,7 +322,7 @@ def _fault_line(f: PlanFault, fault_id: str) -> str:
         case "set_replicas":
             body = f"set_replicas: {{model: {f.model}, replicas: {f.replicas}}}"
         case _:
-            raise ValueError(f"unknown fault kind {f.kind!r}")
+            body = controller_line(f)
     return head + body + "}"
 
 
@@ -383,6 +345,7 @@ def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
         *_timing_lines(plan.timings),
         "",
         "cluster:",
+        *([f"  controllers: {plan.controllers}"] if plan.controllers > 1 else []),
         "  fabrics:",
         *(f"    {f}: [{', '.join(n.name for n in members)}]" for f, members in plan.fabrics),
         "  nodes:",

@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from llmgw_twin.control.model import TraceEvent
-from llmgw_twin.twin.fuzz.gen import Plan, capacity_allows, generate, scenario_text
+from llmgw_twin.twin.fuzz.gen import capacity_allows, generate, scenario_text
+from llmgw_twin.twin.fuzz.plan import Plan
 from llmgw_twin.twin.scenario.loader import load_scenario_text
 from llmgw_twin.twin.scenario.model import INVARIANTS, StateExpectation
 from llmgw_twin.twin.world.runner import RunResult, run_scenario

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from llmgw_twin.twin.fuzz.gen import Plan, PlanFault, duration_ms, scenario_text
+from llmgw_twin.twin.fuzz.gen import duration_ms, scenario_text
 from llmgw_twin.twin.fuzz.judge import Shrunk, Verdict, judge_plan
+from llmgw_twin.twin.fuzz.plan import Plan, PlanFault
 
 SHRINK_BUDGET = 400
 """At most this many candidate runs per failing seed (each costs one twin run)."""

@@ -43,6 +43,10 @@ from llmgw_twin.twin.world.sim import World
 from llmgw_twin.twin.world.traffic import TrafficRouter
 
 
+OPERATOR_RETRY_MS = 1_000
+"""How often an operator's client retries a call no controller took (none led)."""
+
+
 class Deposed(Exception):
     """A step's commit was refused: its controller no longer leads."""
 
@@ -68,6 +72,8 @@ class ControllerShell:
         """The controller that led last (the routers follow it)."""
         self._last_core = Controller(self.timings)
         """Its core: the view judged while no controller leads."""
+        self._last_gone = True
+        """The router was told the last leader stopped (there was none yet, at first)."""
         self._waiting_ops: list[ControllerEvent] = []
         self._coasting_in: dict[NodeId, Controller] = {}
         self.traffic: TrafficRouter | None = None
@@ -132,8 +138,11 @@ class ControllerShell:
         resync from it, and it sets up the desired state (the first leader) and starts."""
         core = proc.core
         assert core is not None
-        if self.traffic is not None:  # what the router may still pick: the last leader's word
+        if self.traffic is not None and not self._last_gone:
+            # the last leader did not stop (stalled, or cut off): what the router may still
+            # pick is its last word; one that stopped told the router so then
             self.traffic.controller_died(self._last_core)
+        self._last_gone = False
         self._last = proc
         self._last_core = core
         self.router = Router()
@@ -155,9 +164,16 @@ class ControllerShell:
         for msg in waiting:
             self.operator(msg)
 
-    def lost_leader(self, proc: ControllerProcess) -> None:
-        """`proc` stops leading (it died or stepped down)."""
-        if self.traffic is not None and proc.core is not None and proc is self._last:
+    def lost_leader(self, proc: ControllerProcess, deposed: bool = False) -> None:
+        """`proc` stops leading: it died (its memory is what it published: it dies between two
+        steps), or it stepped down, maybe in the middle of a step the store refused, whose
+        decisions its memory holds but nobody ever heard of."""
+        if self.traffic is None or proc.core is None or proc is not self._last:
+            return
+        self._last_gone = True
+        if deposed:
+            self.traffic.controller_deposed()
+        else:
             self.traffic.controller_died(proc.core)
 
     # --- the old single-controller faults ----------------------------------------------------
@@ -224,12 +240,28 @@ class ControllerShell:
         """An admin API call (a deployment change); while no controller leads the operator's
         client keeps retrying, so the call lands at the next leader."""
         proc = self.leader()
-        if proc is None or proc.core is None:
-            self._waiting_ops.append(msg)
+        if proc is not None and proc.core is not None:
+            if isinstance(msg, ClearFailedGpu):  # the node's next heartbeat reports the GPU again
+                self.world.heartbeats.land(msg.node)
+            if self.step(proc, proc.core.handle(msg, proc.local())):
+                return
+            # its commit was refused (the leader was deposed): the call failed, and the
+            # operator's client tries again
+        self._waiting_ops.append(msg)
+        if len(self._waiting_ops) == 1:
+            self.world.later(OPERATOR_RETRY_MS, self._retry_ops)
+
+    def _retry_ops(self) -> None:
+        """The operator's client tries again: a controller may lead now without having just
+        taken over (one that woke from a stall, or was heard again, still holding its lease)."""
+        if not self._waiting_ops:
             return
-        if isinstance(msg, ClearFailedGpu):  # the node's next heartbeat reports the GPU again
-            self.world.heartbeats.land(msg.node)
-        self.step(proc, proc.core.handle(msg, proc.local()))
+        if self.leader() is None:
+            self.world.later(OPERATOR_RETRY_MS, self._retry_ops)
+            return
+        waiting, self._waiting_ops = self._waiting_ops, []
+        for msg in waiting:
+            self.operator(msg)
 
     def _tick(self, proc: ControllerProcess) -> None:
         core = proc.core
@@ -247,10 +279,12 @@ class ControllerShell:
 
     # --- carrying out a step -----------------------------------------------------------------
 
-    def step(self, proc: ControllerProcess, step: Step, heard: NodeId | None = None) -> None:
+    def step(self, proc: ControllerProcess, step: Step, heard: NodeId | None = None) -> bool:
+        """Carry `step` out for `proc`; False when its commit was refused and `proc` stepped
+        down (nothing of the step left it)."""
         core = proc.core
         if core is None:
-            return
+            return False
         now = self.world.now
         try:
             apply_step(
@@ -261,7 +295,7 @@ class ControllerShell:
             )
         except Deposed:
             proc.step_down()
-            return
+            return False
         self.checks.after_step(core, now, step.events, heard)
         coasting = self.world.heartbeats.coasting
         if coasting:
@@ -270,6 +304,7 @@ class ControllerShell:
                 self.world.heartbeats.land(node)
         if step.wake_at_ms is not None:
             proc.later(step.wake_at_ms - proc.local(), lambda: self._tick(proc))
+        return True
 
     def _commit(self, proc: ControllerProcess, step: Step, writes: tuple[Write, ...]) -> None:
         """The step's writes, in one transaction conditional on the leader's epoch (a step

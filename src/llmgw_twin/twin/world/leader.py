@@ -205,7 +205,7 @@ class ControllerProcess:
             return
         self.group.world.heartbeats.land_all()  # heartbeats to it are lost, not quiet
         self.group.emit(self, "controller.deposed", controller=self.name, epoch=self.epoch)
-        self.group.lost_leader(self)
+        self.group.lost_leader(self, deposed=True)
         self.core = None
         self.generation += 1
         self.later(self.times.retry_every_ms, self._try_lead)

@@ -126,6 +126,12 @@ class TrafficRouter:
             or (r.state is ReplicaState.ADOPTING and r.id in self._ready_when_down)
         )
 
+    def controller_deposed(self) -> None:
+        """A leader stepped down, perhaps with decisions in its memory it never published: what
+        the router may still pick is what it was told was routable (its own table)."""
+        routable = {r.replica for m in self.router.models() for r in self.router.routes(m)}
+        self._ready_when_down = frozenset(routable)
+
     def controller_started(self, core: Controller) -> None:
         self.router.resync(snapshot_of(core.replicas()))
 

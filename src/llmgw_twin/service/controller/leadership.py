@@ -1,0 +1,104 @@
+"""The controller service's lease: it leads only while it holds the store's lease, in its epoch.
+
+Role: `claim` waits, as a standby, until the store gives this controller the lease (a new epoch
+each time: `control.lease`), asking every fifth of a lease; `start` then renews it every third
+of a lease in a background task. A renewal the store refuses (`Fenced`: another controller took
+the lease) or one that could not be made in time on this process's own monotonic clock (four
+fifths of a lease after the last good one began: before the store's lease could expire) calls
+`fatal`, which ends the process: a deposed controller stops before anyone else may act, and its
+supervisor starts it again as a standby. Every commit is conditional on `epoch` (`Committer`),
+and every command carries it (`Delivery`), so even a process frozen past its deadline (SIGSTOP,
+a VM pause) acts on nothing when it wakes: its commits are refused, its commands too.
+
+The store's time is the wall clock of the store's machine: for SQLite, this one (every process
+that opens the file shares it); expiry is the store's to decide, never a controller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from llmgw_twin.control.lease import Lease, LeaseTimes
+from llmgw_twin.store.sqlite import Fenced, Store
+
+log = logging.getLogger("llmgw_twin.controller")
+
+T = TypeVar("T")
+Run = Callable[..., Awaitable[object]]
+
+
+def store_now_ms() -> int:
+    """The store's clock: this machine's wall clock, as SQLite keeps no time of its own."""
+    return time.time_ns() // 1_000_000
+
+
+class Leadership:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        lease_ms: int,
+        run: Run,
+        fatal: Callable[[str], None],
+    ) -> None:
+        """`run(fn, *args)` calls the store alone, off the event loop (`Committer.run`)."""
+        self.name = name
+        self.times = LeaseTimes(lease_ms)
+        self._store = store
+        self._run = run
+        self._fatal = fatal
+        self.epoch: int | None = None
+        """None until this controller leads."""
+        self._renewed = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def claim(self) -> int:
+        """Wait until this controller leads; its epoch."""
+        lease_ms = self.times.lease_ms
+        waited = False
+        while True:
+            started = time.monotonic()
+            got = await self._run(self._store.claim_lease, self.name, store_now_ms(), lease_ms)
+            if isinstance(got, Lease):
+                self.epoch, self._renewed = got.epoch, started
+                log.info("controller %s leads, in epoch %d", self.name, got.epoch)
+                return got.epoch
+            if not waited:
+                held = self._store.lease()
+                holder = held.holder if held is not None else "another controller"
+                log.info("controller %s is a standby: %s leads", self.name, holder)
+                waited = True
+            await asyncio.sleep(self.times.retry_every_ms / 1000)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _renew_loop(self) -> None:
+        times = self.times
+        while True:
+            await asyncio.sleep(times.renew_every_ms / 1000)
+            started = time.monotonic()
+            if (started - self._renewed) * 1000 >= times.step_down_after_ms:
+                self._fatal(f"controller {self.name} could not renew its lease in time")
+                return
+            try:
+                await self._run(
+                    self._store.renew_lease, self.name, self.epoch, store_now_ms(), times.lease_ms
+                )
+            except Fenced as e:
+                self._fatal(f"controller {self.name} was deposed: {e}")
+                return
+            except Exception as e:  # the store is away for now: try again before the deadline
+                log.warning("renewing the lease failed: %r", e)
+                continue
+            self._renewed = started
