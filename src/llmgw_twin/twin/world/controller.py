@@ -42,7 +42,6 @@ from llmgw_twin.twin.world.leader import ControllerProcess, StoreUnreachable
 from llmgw_twin.twin.world.sim import World
 from llmgw_twin.twin.world.traffic import TrafficRouter
 
-
 OPERATOR_RETRY_MS = 1_000
 """How often an operator's client retries a call no controller took (none led)."""
 
