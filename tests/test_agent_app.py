@@ -232,11 +232,11 @@ def test_agent_api_answers_and_refuses_bad_input_with_422(tmp_path: Path) -> Non
                 # a leader of epoch 3 spoke: a deposed leader's commands (epoch 2) are refused
                 r = await c.post("/v1/assign", json={"node": "n1", "shards": [], "epoch": 3})
                 assert r.status_code == 200
-                for path, body in [
+                for path, payload in [
                     ("/v1/assign", {"node": "n1", "shards": [], "epoch": 2}),
                     ("/v1/report-request", {"node": "n1", "epoch": 2}),
                 ]:
-                    r = await c.post(path, json=body)
+                    r = await c.post(path, json=payload)
                     assert r.status_code == 409, (path, r.text)
                     assert "epoch 2 is older than epoch 3" in r.json()["detail"]
                 state = (await c.get("/v1/state")).json()

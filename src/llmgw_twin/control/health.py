@@ -203,9 +203,11 @@ class HealthTracker:
         node's silence was the controller's, not the node's. Each last-seen moves later by
         `lag_ms` (never past `now_ms`), so the order of the books holds. O(nodes), once per
         episode of lag."""
-        for book in (self._alive, self._suspect):
+        for book in (self._alive, self._landed, self._suspect):
             for node, seen in book.items():
                 book[node] = min(seen + lag_ms, now_ms)
+        if self._landed:  # their heap entries moved with them: a sorted list is a heap
+            self._landed_heap = sorted((seen, node) for node, seen in self._landed.items())
 
     def forget(self, node: NodeId) -> None:
         self._alive.pop(node, None)

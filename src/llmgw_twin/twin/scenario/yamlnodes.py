@@ -121,7 +121,7 @@ def compose(source: str) -> Node | None:
             joined = err.problem.startswith("but ")
             what = f"{err.context}, {err.problem}" if joined else f"{err.problem} ({err.context})"
         line, column = (1, 1) if mark is None else (mark.line + 1, mark.column + 1)
-        raise Invalid(line, column, f"invalid YAML: {what}") from None
+        raise Invalid(line, column, f"invalid YAML: {_quoted_short(what)}") from None
     except yaml.reader.ReaderError as err:
         pos = max(0, min(err.position, len(source)))
         line = sum(source.count(b, 0, pos) for b in _LINE_BREAKS) + 1
@@ -171,6 +171,15 @@ def _children(node: Node) -> list[Node]:
     if isinstance(node, SequenceNode):
         return list(node.value)
     return []
+
+
+_QUOTED = re.compile(r"'([^']{81,})'")
+
+
+def _quoted_short(message: str) -> str:
+    """PyYAML quotes what it found (an alias, an anchor, a tag) whole: shorten each, so that a
+    message never carries a long value whole."""
+    return _QUOTED.sub(lambda m: f"'{short(m.group(1))}'", message)
 
 
 def short(value: str, limit: int = 80) -> str:

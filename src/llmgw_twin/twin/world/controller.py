@@ -74,7 +74,7 @@ class ControllerShell:
         self._last_gone = True
         """The router was told the last leader stopped (there was none yet, at first)."""
         self._waiting_ops: list[ControllerEvent] = []
-        self._coasting_in: dict[NodeId, Controller] = {}
+        self._coasting_in: dict[NodeId, tuple[ControllerProcess, Controller]] = {}
         self.traffic: TrafficRouter | None = None
         """The clients' router, its own process: it outlives a controller crash."""
         if scenario.traffic:
@@ -228,12 +228,13 @@ class ControllerShell:
         for proc in self.procs:
             if proc.listening and proc.core is not None:
                 proc.core.coast(node)
-                self._coasting_in[node] = proc.core
+                self._coasting_in[node] = (proc, proc.core)
 
     def land(self, node: NodeId, last_seen_ms: int) -> None:
-        core = self._coasting_in.pop(node, None)
-        if core is not None:  # told to the core that set it aside, whether it still leads
-            core.land(node, last_seen_ms)
+        got = self._coasting_in.pop(node, None)
+        if got is not None:  # told to the core that set it aside, whether it still leads,
+            proc, core = got  # in its own clock's time
+            core.land(node, proc.local_at(last_seen_ms))
 
     def operator(self, msg: ControllerEvent) -> None:
         """An admin API call (a deployment change); while no controller leads the operator's

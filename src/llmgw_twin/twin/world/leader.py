@@ -63,10 +63,14 @@ class ControllerProcess:
 
     def local(self) -> int:
         """This process's clock (the world's, unless skewed)."""
-        elapsed = self.group.world.now - self._base_world
-        return self._base_local + floor(elapsed * self._rate)
+        return self.local_at(self.group.world.now)
+
+    def local_at(self, world_ms: int) -> int:
+        """This process's clock at the world's `world_ms` (at or after its last skew)."""
+        return self._base_local + floor((world_ms - self._base_world) * self._rate)
 
     def skew(self, rate: Fraction) -> None:
+        self.group.world.heartbeats.land_all()  # what it heard so far, on its clock so far
         self._base_local, self._base_world = self.local(), self.group.world.now
         self._rate = rate
 
