@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-real lint bench clean llama-server chromium dist-check
+.PHONY: run test test-real lint bench clean llama-server chromium postgresql dist-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,11 +31,15 @@ llama-server: $(VENV)/.installed
 chromium:
 	bash scripts/install-chromium.sh
 
+# Debian's PostgreSQL for the store's tests (a throwaway server per run; no service is started)
+postgresql:
+	bash scripts/install-postgresql.sh
+
 # the wheel and sdist, installed as users install them: pip (wheel, sdist) and pipx (docs/install.md)
 dist-check: $(VENV)/.installed
 	bash scripts/check-dist.sh
 
-test: lint llama-server chromium dist-check
+test: lint llama-server chromium postgresql dist-check
 	$(BIN)/llmgw-twin run -q scenarios/*.yaml
 	$(BIN)/pytest -q
 

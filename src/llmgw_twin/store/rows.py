@@ -7,7 +7,7 @@ the same bytes. `apply_write` runs inside the caller's transaction.
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Callable, Sequence
 from typing import assert_never
 
 from llmgw_twin import codec
@@ -60,66 +60,86 @@ def event_of(text: str) -> TraceEvent:
     return TraceEvent(t_ms, kind, pairs)
 
 
-def apply_write(db: sqlite3.Connection, w: Write) -> None:
+Execute = Callable[[str, Sequence[object]], object]
+"""Runs one statement with `?` placeholders (the store's dialect turns them into its own)."""
+
+COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "profiles": (("name",), ("body",)),
+    "deployments": (("model",), ("body",)),
+    "nodes": (("node",), ("body",)),
+    "replicas": (("id",), ("model", "body")),
+    "seqs": (("model",), ("seq",)),
+    "agent_urls": (("node",), ("url",)),
+    "failed_gpus": (("node", "gpu"), ()),
+    "quarantines": (("node", "profile"), ("body",)),
+    "silence": (("node",), ("since_ms",)),
+    "clock": (("id",), ("now_ms",)),
+    "node_credentials": (("node",), ("token_sha256", "agent_url", "issued_ms")),
+    "cordons": (("node",), ("draining",)),
+    "lease": (("id",), ("holder", "epoch", "expires_ms")),
+    "model_failures": (("model",), ("times",)),
+    "node_failures": (("node", "profile"), ("times",)),
+}
+"""Each table's key columns and other columns, in the order of its row (`schema.py`)."""
+
+
+def upsert(execute: Execute, table: str, row: Sequence[object]) -> None:
+    """Insert `row`, or replace the one with its key: the standard upsert both dialects read."""
+    keys, rest = COLUMNS[table]
+    marks = ", ".join("?" for _ in row)
+    update = ", ".join(f"{c} = excluded.{c}" for c in rest)
+    action = f"DO UPDATE SET {update}" if rest else "DO NOTHING"
+    execute(
+        f"INSERT INTO {table} VALUES ({marks}) ON CONFLICT ({', '.join(keys)}) {action}",  # noqa: S608
+        tuple(row),
+    )
+
+
+def apply_write(db: Execute, w: Write) -> None:
     """One durable write, inside the caller's transaction."""
     match w:
         case PutProfile(profile=p):
-            db.execute(
-                "INSERT OR REPLACE INTO profiles VALUES (?, ?)",
-                (p.name, codec.dumps(p)),
-            )
+            upsert(db, "profiles", (p.name, codec.dumps(p)))
         case PutDeployment(deployment=d):
-            db.execute(
-                "INSERT OR REPLACE INTO deployments VALUES (?, ?)",
-                (d.model, codec.dumps(d)),
-            )
+            upsert(db, "deployments", (d.model, codec.dumps(d)))
         case PutNode(info=n):
-            db.execute(
-                "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
-                (n.node, codec.dumps(n)),
-            )
+            upsert(db, "nodes", (n.node, codec.dumps(n)))
         case DeleteNode(node=gone):
             for table in ("nodes", "failed_gpus", "silence", "quarantines", "node_failures"):
-                db.execute(f"DELETE FROM {table} WHERE node = ?", (gone,))  # noqa: S608
+                db(f"DELETE FROM {table} WHERE node = ?", (gone,))  # noqa: S608
         case PutReplica(row=r):
-            db.execute(
-                "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
-                (r.id, r.model, codec.dumps(r)),
-            )
+            upsert(db, "replicas", (r.id, r.model, codec.dumps(r)))
         case DeleteReplica(replica=rid):
-            db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
+            db("DELETE FROM replicas WHERE id = ?", (rid,))
         case PutSeq(model=m, seq=s):
-            db.execute("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (m, s))
+            upsert(db, "seqs", (m, s))
         case PutFailedGpu(node=n, gpu=g):
-            db.execute("INSERT OR REPLACE INTO failed_gpus VALUES (?, ?)", (n, g))
+            upsert(db, "failed_gpus", (n, g))
         case DeleteFailedGpu(node=n, gpu=g):
-            db.execute("DELETE FROM failed_gpus WHERE node = ? AND gpu = ?", (n, g))
+            db("DELETE FROM failed_gpus WHERE node = ? AND gpu = ?", (n, g))
         case PutSilence(node=n, since_ms=since):
-            db.execute("INSERT OR REPLACE INTO silence VALUES (?, ?)", (n, since))
+            upsert(db, "silence", (n, since))
         case DeleteSilence(node=n):
-            db.execute("DELETE FROM silence WHERE node = ?", (n,))
+            db("DELETE FROM silence WHERE node = ?", (n,))
         case PutQuarantine(row=q):
-            db.execute(
-                "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?)",
-                (q.node, q.profile, codec.dumps(q)),
-            )
+            upsert(db, "quarantines", (q.node, q.profile, codec.dumps(q)))
         case DeleteQuarantine(node=n, profile=p):
-            db.execute("DELETE FROM quarantines WHERE node = ? AND profile = ?", (n, p))
+            db("DELETE FROM quarantines WHERE node = ? AND profile = ?", (n, p))
         case PutClock(now_ms=t):
-            db.execute("INSERT OR REPLACE INTO clock VALUES (0, ?)", (t,))
+            upsert(db, "clock", (0, t))
         case PutModelFailures(model=m, times_ms=times):
-            db.execute("DELETE FROM model_failures WHERE model = ?", (m,))
+            db("DELETE FROM model_failures WHERE model = ?", (m,))
             if times:
-                db.execute("INSERT INTO model_failures VALUES (?, ?)", (m, json.dumps(times)))
+                db("INSERT INTO model_failures VALUES (?, ?)", (m, json.dumps(times)))
         case PutNodeFailures(node=n, profile=p, times_ms=times):
-            db.execute("DELETE FROM node_failures WHERE node = ? AND profile = ?", (n, p))
+            db("DELETE FROM node_failures WHERE node = ? AND profile = ?", (n, p))
             if times:
-                db.execute("INSERT INTO node_failures VALUES (?, ?, ?)", (n, p, json.dumps(times)))
+                db("INSERT INTO node_failures VALUES (?, ?, ?)", (n, p, json.dumps(times)))
         case DeleteDeployment(model=m):
-            db.execute("DELETE FROM deployments WHERE model = ?", (m,))
+            db("DELETE FROM deployments WHERE model = ?", (m,))
         case PutCordon(node=n, draining=draining):
-            db.execute("INSERT OR REPLACE INTO cordons VALUES (?, ?)", (n, draining))
+            upsert(db, "cordons", (n, int(draining)))
         case DeleteCordon(node=n):
-            db.execute("DELETE FROM cordons WHERE node = ?", (n,))
+            db("DELETE FROM cordons WHERE node = ?", (n,))
         case _:
             assert_never(w)

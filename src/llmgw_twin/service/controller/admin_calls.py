@@ -35,7 +35,7 @@ from llmgw_twin.service.common.auth import (
 from llmgw_twin.service.common.feed import RoutingFeed
 from llmgw_twin.service.common.wire import DeploymentW, ProfileW, Refused
 from llmgw_twin.service.controller.committer import Committer
-from llmgw_twin.store.sqlite import Store
+from llmgw_twin.store.base import SqlStore
 
 log = logging.getLogger("llmgw_twin.controller")
 
@@ -44,7 +44,7 @@ class AdminCalls:
     """What the runtime gives these calls is declared here (set in its `__init__`)."""
 
     keys: ControllerKeys | None
-    store: Store
+    store: SqlStore
     committer: Committer
     _lock: asyncio.Lock
     _agent_urls: dict[NodeId, str]

@@ -81,7 +81,8 @@ from llmgw_twin.service.controller.leadership import Leadership
 from llmgw_twin.service.controller.metrics import ControllerMetrics
 from llmgw_twin.service.controller.timings import ControllerTimings
 from llmgw_twin.service.router.forwarding import Forwarder
-from llmgw_twin.store.sqlite import Store
+from llmgw_twin.store.choose import open_store
+from llmgw_twin.store.postgres import is_postgres_url
 
 log = logging.getLogger("llmgw_twin.controller")
 
@@ -117,9 +118,9 @@ class ControllerRuntime(AdminCalls):
         # the core's clock: wall-clock ms at start, then monotonic, so times the store keeps
         # (silence, quarantines) mean the same to the next controller process
         self._epoch0_ms = time.time_ns() // 1_000_000
-        if settings.store != ":memory:":
+        if settings.store != ":memory:" and not is_postgres_url(settings.store):
             pathlib.Path(settings.store).parent.mkdir(parents=True, exist_ok=True)
-        self.store = Store(settings.store, events_kept=settings.events_kept)
+        self.store = open_store(settings.store, events_kept=settings.events_kept)
         self.router = Router(outstanding_limit=settings.limits.outstanding_per_replica)
         self.forwarder = Forwarder(self.router, transport=engine_transport)
         self.feed = RoutingFeed()

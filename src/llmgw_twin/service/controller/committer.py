@@ -30,7 +30,7 @@ from typing import TypeVar
 from llmgw_twin.control.durable import Write
 from llmgw_twin.control.model import NodeId, TraceEvent
 from llmgw_twin.control.protocol import Step
-from llmgw_twin.store.sqlite import Store
+from llmgw_twin.store.base import SqlStore
 
 log = logging.getLogger("llmgw_twin.controller")
 
@@ -48,7 +48,7 @@ class _Queued:
 class Committer:
     def __init__(
         self,
-        store: Store,
+        store: SqlStore,
         carry_out: Callable[[Step, NodeId | None], None],
         fatal: Callable[[str], None],
         epoch: Callable[[], int | None] = lambda: None,

@@ -43,6 +43,7 @@ from llmgw_twin.service.common.wire import (
     Text,
     describe_errors,
 )
+from llmgw_twin.store.postgres import is_postgres_url
 from llmgw_twin.store.sqlite import EVENTS_KEPT
 from llmgw_twin.units import SettingKey, in_file_terms, parse_share, setting_keys
 
@@ -197,7 +198,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         if any(d.model == dc.model for d in deployments):
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
         deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
-    store = str(relative(path, f.store))
+    store = f.store if is_postgres_url(f.store) else str(relative(path, f.store))
     auth = auth_settings(path, f.auth, store)
     tls = server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
     return ControllerSettings(

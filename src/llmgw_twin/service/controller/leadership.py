@@ -10,8 +10,9 @@ supervisor starts it again as a standby. Every commit is conditional on `epoch` 
 and every command carries it (`Delivery`), so even a process frozen past its deadline (SIGSTOP,
 a VM pause) acts on nothing when it wakes: its commits are refused, its commands too.
 
-The store's time is the wall clock of the store's machine: for SQLite, this one (every process
-that opens the file shares it); expiry is the store's to decide, never a controller's.
+The store's time is the store's own (`SqlStore.now_ms`): PostgreSQL's server clock, or for
+SQLite the wall clock of the machine that holds the file; expiry is the store's to decide, never
+a controller's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from llmgw_twin.control.lease import Lease, LeaseTimes
-from llmgw_twin.store.sqlite import Fenced, Store
+from llmgw_twin.store.base import Fenced, SqlStore
 
 log = logging.getLogger("llmgw_twin.controller")
 
@@ -31,15 +32,10 @@ T = TypeVar("T")
 Run = Callable[..., Awaitable[object]]
 
 
-def store_now_ms() -> int:
-    """The store's clock: this machine's wall clock, as SQLite keeps no time of its own."""
-    return time.time_ns() // 1_000_000
-
-
 class Leadership:
     def __init__(
         self,
-        store: Store,
+        store: SqlStore,
         name: str,
         lease_ms: int,
         run: Run,
@@ -62,7 +58,7 @@ class Leadership:
         waited = False
         while True:
             started = time.monotonic()
-            got = await self._run(self._store.claim_lease, self.name, store_now_ms(), lease_ms)
+            got = await self._claim_now(lease_ms)
             if isinstance(got, Lease):
                 self.epoch, self._renewed = got.epoch, started
                 log.info("controller %s leads, in epoch %d", self.name, got.epoch)
@@ -73,6 +69,15 @@ class Leadership:
                 log.info("controller %s is a standby: %s leads", self.name, holder)
                 waited = True
             await asyncio.sleep(self.times.retry_every_ms / 1000)
+
+    def _claim_now(self, lease_ms: int) -> Awaitable[object]:
+        store = self._store
+        return self._run(lambda: store.claim_lease(self.name, store.now_ms(), lease_ms))
+
+    def _renew_now(self, lease_ms: int) -> Lease:
+        """Renew at the store's time (read from the store, in the worker thread)."""
+        assert self.epoch is not None
+        return self._store.renew_lease(self.name, self.epoch, self._store.now_ms(), lease_ms)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew_loop())
@@ -92,9 +97,7 @@ class Leadership:
                 self._fatal(f"controller {self.name} could not renew its lease in time")
                 return
             try:
-                await self._run(
-                    self._store.renew_lease, self.name, self.epoch, store_now_ms(), times.lease_ms
-                )
+                await self._run(self._renew_now, times.lease_ms)
             except Fenced as e:
                 self._fatal(f"controller {self.name} was deposed: {e}")
                 return
