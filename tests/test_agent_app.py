@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -387,3 +388,51 @@ def test_an_engine_the_node_was_not_onboarded_with_is_refused(
         report = asyncio.run(go())
     assert report["exit_code"] == EXIT_REFUSED
     assert "engine 'vllm' is not onboarded on this node" in caplog.text
+
+
+def test_an_agent_follows_the_controller_that_leads(tmp_path: Path) -> None:
+    """Given every controller's address, an agent reports to the one that answers: the first
+    is down (a standby does not answer, a dead leader is gone), so the second gets the report
+    and stays the one tried first, until it fails in turn and the first answers again."""
+    down = {"c1"}
+    seen: list[tuple[str, str]] = []
+
+    async def controllers(request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host in down:
+            raise httpx.ConnectError("connection refused", request=request)
+        seen.append((host, request.url.path))
+        return httpx.Response(200, json={"report": False})
+
+    listed = agent_config(tmp_path, "n1", "controllers: [http://c1:8080/, http://c2:8080]\n")
+    assert listed.controller_urls == (
+        "http://controller.test",
+        "http://c1:8080",
+        "http://c2:8080",
+    )  # the `controller` first, each once, without a trailing slash
+    urls = ("http://c1:8080", "http://c2:8080")
+    config = replace(listed, controller_url=urls[0], controller_urls=urls)
+
+    async def go() -> None:
+        runtime = AgentRuntime(config, controller_transport=httpx.MockTransport(controllers))
+        await runtime.start()
+        try:
+
+            async def registered() -> bool | None:
+                return True if ("c2", "/v1/agents/register") in seen else None
+
+            await eventually(registered, 10, "the registration at the second controller")
+            assert runtime.controllers.current == "http://c2:8080"
+            down.clear()
+            down.add("c2")  # a failover the other way: the report goes to c1 now
+            runtime._enqueue(runtime.core.heartbeat())
+
+            async def moved() -> bool | None:
+                return True if any(h == "c1" for h, _ in seen) else None
+
+            await eventually(moved, 10, "a report at the first controller again")
+            assert runtime.controllers.current == "http://c1:8080"
+        finally:
+            await runtime.stop()
+
+    asyncio.run(go())

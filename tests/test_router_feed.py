@@ -271,3 +271,38 @@ def test_the_follower_resumes_keeps_its_table_while_the_controller_is_down_and_r
         json.dumps(follower.view())
 
     asyncio.run(go())
+
+
+def test_a_router_follows_the_feed_of_the_controller_that_leads() -> None:
+    """Given every controller's address, the router reads the feed where it is answered: the
+    first controller does not answer (a standby, or a leader gone), the second does."""
+
+    async def controllers(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "c1":
+            raise httpx.ConnectError("connection refused", request=request)
+        await asyncio.sleep(0.05)  # a long poll: nothing new for a while
+        page = {"epoch": "c2-run", "next": 1, "models": ["m"], "snapshot": [], "events": []}
+        return httpx.Response(200, json=page)
+
+    async def go() -> None:
+        follower = FeedFollower(
+            Router(),
+            "http://c1:8080",
+            others=("http://c2:8080",),
+            wait_ms=1_000,
+            reconnect_max_ms=200,
+            transport=httpx.MockTransport(controllers),
+        )
+        follower.start()
+        try:
+
+            async def following() -> bool | None:
+                return True if follower.connected else None
+
+            await eventually(following, 10, "the router to follow the second controller")
+            assert follower.url == "http://c2:8080/v1/router/feed"
+            assert follower.epoch == "c2-run" and follower.models == ["m"]
+        finally:
+            await follower.stop()
+
+    asyncio.run(go())

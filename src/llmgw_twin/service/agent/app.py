@@ -62,6 +62,7 @@ from llmgw_twin.service.agent.config import AgentSettings
 from llmgw_twin.service.agent.node_watch import NodeWatch, engines_on, poll_interval_ms
 from llmgw_twin.service.agent.shards import ShardRunner
 from llmgw_twin.service.common.auth import AgentKeys, CredentialFile
+from llmgw_twin.service.common.leaders import Controllers
 from llmgw_twin.service.common.limits import BodyLimit
 from llmgw_twin.service.common.replies import CONFLICT, ERRORS
 from llmgw_twin.service.common.serving import lifespan_of, not_before_wait_s
@@ -117,6 +118,8 @@ class AgentRuntime:
         controller_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
+        self.controllers = Controllers(settings.controller_urls or (settings.controller_url,))
+        """Where the controllers listen; the one that answered last first."""
         if not settings.engines:
             log.warning(
                 "no engine binaries configured: node %s can run the sim engine and nothing else",
@@ -297,33 +300,39 @@ class AgentRuntime:
 
     async def _post(self, report: Heartbeat | NodeRegistered) -> None:
         assert self._client is not None
-        base = self.settings.controller_url
+        client = self._client
         if isinstance(report, Heartbeat):
-            url = base + "/v1/agents/heartbeat"
+            path = "/v1/agents/heartbeat"
             body = HeartbeatW.from_core(report).model_dump(mode="json")
         else:
-            url = base + "/v1/agents/register"
+            path = "/v1/agents/register"
             body = NodeRegisteredW.from_core(report, self.settings.advertise_url).model_dump(
                 mode="json"
             )
-        headers = {}
-        if self.keys is not None:
-            headers["authorization"] = "Bearer " + self.keys.token
-        try:
-            reply = await self._client.post(url, json=body, headers=headers)
+
+        async def send(base: str) -> ReportReplyW:
+            headers = {}
+            if self.keys is not None:
+                headers["authorization"] = "Bearer " + self.keys.token
+            reply = await client.post(base + path, json=body, headers=headers)
             if reply.status_code == 401 and self.keys is not None:
                 self._reload_credential()
             if reply.is_error:
                 raise httpx.HTTPStatusError(
                     f"{reply.status_code}: {_detail(reply)}", request=reply.request, response=reply
                 )
-            answer = ReportReplyW.model_validate(reply.json())
+            return ReportReplyW.model_validate(reply.json())
+
+        try:
+            # the controller that answered last first; the others in turn (one leads)
+            answer = await self.controllers.first_answer(send, (httpx.HTTPError, ValueError))
         except (httpx.HTTPError, ValueError) as e:
             # level-triggered: the next heartbeat carries the whole state again
             level = logging.DEBUG if self._outbox.failing else logging.WARNING
-            log.log(level, "report to %s failed: %s", url, e)
+            log.log(level, "report to %s failed: %s", " or ".join(self.controllers.urls), e)
             self._outbox.failing = True
             return
+        base = self.controllers.current
         if self._outbox.failing:
             log.info("the controller at %s answers again", base)
             self._outbox.failing = False

@@ -58,6 +58,9 @@ class PortsC(_Strict):
 class AgentFile(_Strict):
     node: Name
     controller: Url
+    controllers: list[Url] = []
+    """Every controller's address, when several share a store (the agent follows the leader);
+    `controller` is tried first."""
     listen: ListenC
     advertise_url: Url | None = None
     root: Text = "/"
@@ -123,6 +126,9 @@ class AgentSettings:
     run_state: Path | None = None
     """The run-state file (`runstate.py`); None: none, and nothing of an earlier run adopted."""
 
+    controller_urls: tuple[str, ...] = ()
+    """Every controller's address, `controller_url` first (docs/high-availability.md)."""
+
     @property
     def engine_names(self) -> tuple[str, ...]:
         """What the node registers as able to run: the sim engine, and each engine named."""
@@ -167,6 +173,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
     return AgentSettings(
         node=f.node,
         controller_url=f.controller.rstrip("/"),
+        controller_urls=tuple(dict.fromkeys(u.rstrip("/") for u in (f.controller, *f.controllers))),
         host=f.listen.host,
         port=f.listen.port,
         advertise_url=(

@@ -190,6 +190,7 @@ class ControllerRuntime(AdminCalls):
         self.committer.start()
         await self.leadership.claim()  # a standby waits here until it leads
         self.leadership.start()
+        self._reload_nodes()  # what its predecessors learned while it waited
         restored = self.store.load()
         async with self._lock:
             if restored != DurableState():
@@ -224,6 +225,21 @@ class ControllerRuntime(AdminCalls):
         self.lag.start()
         if self.gc_pauses is not None:
             self.gc_pauses.start()
+
+    def _reload_nodes(self) -> None:
+        """The nodes' addresses and credentials as the store holds them now: a standby read
+        them when it started, and the leaders before it may have onboarded nodes since."""
+        if self.keys is not None:
+            stored = {row[0]: NodeCredential(*row) for row in self.store.credentials()}
+            for held in list(self.keys.nodes()):
+                if held.node not in stored:  # revoked meanwhile
+                    self.keys.revoke(held.node)
+                    self._agent_urls.pop(NodeId(held.node), None)
+            for cred in stored.values():
+                self.keys.put(cred)
+                self._agent_urls[NodeId(cred.node)] = cred.agent_url
+        else:
+            self._agent_urls.update(self.store.agent_urls())
 
     async def stop(self) -> None:
         if self.gc_pauses is not None:

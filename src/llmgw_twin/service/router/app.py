@@ -67,6 +67,7 @@ class RouterRuntime:
             wait_ms=settings.feed_wait_ms,
             reconnect_max_ms=settings.reconnect_max_ms,
             transport=controller_transport,
+            others=settings.other_controllers,
         )
         self.keys = ApiKeys(settings.api_key_hashes)
         self.metrics = RouterMetrics(self)

@@ -74,6 +74,8 @@ class FeedC(StrictModel):
 class RouterFile(StrictModel):
     listen: ListenC
     controller: Url
+    controllers: list[Url] = Field(default_factory=list)
+    """Every controller's address, when several share a store (the router follows the leader)."""
     controller_token_file: Text | None = None
     controller_tls: ClientTlsC | None = None
     auth: RouterAuthC = RouterAuthC()
@@ -108,6 +110,8 @@ class RouterSettings:
     """How long one read of the feed may wait for news (the controller caps it at 30 s)."""
     reconnect_max_ms: int = 5_000
     """The longest pause between two attempts to reach the controller."""
+    other_controllers: tuple[str, ...] = ()
+    """The other controllers' addresses (docs/high-availability.md)."""
 
 
 def _ms(path: Path, key: str, text: str) -> int:
@@ -146,6 +150,9 @@ def load_router_config(path: str | Path) -> RouterSettings:
         host=f.listen.host,
         port=f.listen.port,
         controller_url=f.controller.rstrip("/"),
+        other_controllers=tuple(
+            u.rstrip("/") for u in f.controllers if u.rstrip("/") != f.controller.rstrip("/")
+        ),
         controller_token_file=relative(path, token) if token is not None else None,
         controller_tls=client_tls(path, f.controller_tls),
         tls=tls,

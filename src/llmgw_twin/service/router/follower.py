@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 
 from llmgw_twin.control.routing import Router
 from llmgw_twin.service.common.feed import FeedPageW, event_of, snapshot_entry
+from llmgw_twin.service.common.leaders import Controllers
 from llmgw_twin.service.common.tls import ClientTls, client_verify
 
 log = logging.getLogger("llmgw_twin.router")
@@ -52,9 +54,12 @@ class FeedFollower:
         wait_ms: int = 20_000,
         reconnect_max_ms: int = 5_000,
         transport: httpx.AsyncBaseTransport | None = None,
+        others: Sequence[str] = (),
     ) -> None:
+        """`others`: the other controllers' addresses, when several share a store: the feed
+        is read from whichever leads (a standby does not answer)."""
         self.router = router
-        self.url = controller_url.rstrip("/") + "/v1/router/feed"
+        self.controllers = Controllers(list(dict.fromkeys((controller_url, *others))))
         self._token_file = token_file
         self._tls = tls
         self.wait_ms = wait_ms
@@ -97,6 +102,10 @@ class FeedFollower:
             await self._client.aclose()
             self._client = None
 
+    @property
+    def url(self) -> str:
+        return self.controllers.current + "/v1/router/feed"
+
     def _read_token(self) -> str | None:
         if self._token_file is None:
             return None
@@ -126,13 +135,18 @@ class FeedFollower:
             self.apply(page)
 
     async def _poll(self) -> FeedPageW:
+        """A page from the controller that answered last, else from another in turn."""
+        return await self.controllers.first_answer(self._poll_at, (_Unavailable,))
+
+    async def _poll_at(self, base: str) -> FeedPageW:
         assert self._client is not None
+        url = base + "/v1/router/feed"
         params: dict[str, str | int] = {"after": self.next, "wait_ms": self.wait_ms}
         if self.epoch is not None:
             params["epoch"] = self.epoch
         headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
         try:
-            r = await self._client.get(self.url, params=params, headers=headers)
+            r = await self._client.get(url, params=params, headers=headers)
         except httpx.HTTPError as e:
             raise _Unavailable(f"{type(e).__name__}: {e}") from None
         if r.status_code == 401:
