@@ -149,7 +149,10 @@ def test_the_tables_say_what_the_state_says(
     state = _state(fleet, capsys)
     assert main(fleet.ctl("--nodes")) == 0
     head, fabrics, nodes, models, pending = _blocks(capsys.readouterr().out)
-    assert head == ["4 nodes in 2 fabrics; 4 live replicas of 2 deployments; mass-loss hold: off"]
+    assert head == [
+        "4 nodes in 2 fabrics; 4 live replicas of 2 deployments; mass-loss hold: off; "
+        "leader c1 in epoch 1"
+    ]
     by_node = {n["node"]: n for n in state["nodes"]}
     used = {
         name: sum(1 for g in n["gpus"] if g["replica"] is not None) for name, n in by_node.items()

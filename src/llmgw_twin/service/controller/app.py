@@ -423,6 +423,12 @@ class ControllerRuntime(AdminCalls):
                 "next_reconcile_ms": self.core.reconcile_due_ms,
             }
         )
+        lease = self.store.lease()
+        out["leadership"] = {
+            "name": self.leadership.name,
+            "epoch": self.leadership.epoch,
+            "lease_expires_ms": lease.expires_ms if lease is not None else None,
+        }
         if self.keys is not None:
             out["credentials"] = [
                 {"node": c.node, "agent_url": c.agent_url, "issued_ms": c.issued_ms}

@@ -59,6 +59,8 @@ def header(state: dict[str, Any]) -> str:
     ]
     if quarantines := state.get("quarantines"):
         parts.append(f"{len(quarantines)} quarantines")
+    if lead := state.get("leadership"):
+        parts.append(f"leader {lead.get('name')} in epoch {lead.get('epoch')}")
     return "; ".join(parts)
 
 
