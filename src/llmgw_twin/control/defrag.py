@@ -71,13 +71,7 @@ class Defragmenter:
     def settle(self) -> None:
         """Complete every move whose copy is ready and routable by now (one whose node turned
         suspect when it became ready waits until it is heard again)."""
-        life = self._life
-        for move in self._moves.in_flight(DEFRAG):
-            rec = life.replicas.get(move.copy)
-            if rec is not None and rec.state is ReplicaState.READY:
-                done = self._moves.completes(rec, DEFRAG)
-                if done is not None:
-                    life.take_over(rec, done)
+        self._life.settle_moves(DEFRAG)
 
     # --- planning ----------------------------------------------------------------------------
 

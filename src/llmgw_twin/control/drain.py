@@ -162,10 +162,4 @@ class Drainer:
 
     def settle(self) -> None:
         """Complete every drain move whose copy is ready and routable by now."""
-        life = self._life
-        for move in self._moves.in_flight(DRAIN):
-            rec = life.replicas.get(move.copy)
-            if rec is not None and rec.state is ReplicaState.READY:
-                done = self._moves.completes(rec, DRAIN)
-                if done is not None:
-                    life.take_over(rec, done)
+        self._life.settle_moves(DRAIN)

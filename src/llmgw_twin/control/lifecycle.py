@@ -41,7 +41,7 @@ from llmgw_twin.control.model import (
     ReplicaState,
     ShardSpec,
 )
-from llmgw_twin.control.moves import DRAIN, Move, Moves
+from llmgw_twin.control.moves import DRAIN, Move, Moves, MoveUser
 from llmgw_twin.control.parts import Books
 from llmgw_twin.control.passes import plan_pass
 from llmgw_twin.control.placement import Placement
@@ -98,6 +98,16 @@ class Lifecycle:
             )
             for move in self.moves.ready(rec):
                 self.take_over(rec, move)
+
+    def settle_moves(self, user: MoveUser) -> None:
+        """Complete every move of `user` whose copy is ready and routable by now (one whose
+        node turned suspect when it became ready waits until it is heard again)."""
+        for move in self.moves.in_flight(user):
+            rec = self.replicas.get(move.copy)
+            if rec is not None and rec.state is ReplicaState.READY:
+                done = self.moves.completes(rec, user)
+                if done is not None:
+                    self.take_over(rec, done)
 
     def take_over(self, copy: ReplicaRecord, move: Move) -> None:
         """A move's copy is ready and routable: its original is reaped in this step
