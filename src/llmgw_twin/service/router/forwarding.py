@@ -397,8 +397,10 @@ class _Relay(ReplicaAnswer, StreamingResponse):
                 yield chunk
                 continue
             break
-        self._pick.ok = False
         self._forwarder.cut += 1
+        # judged before the client hears of the cut, so that whoever reads the router's state
+        # after the error event finds the replica's slot already given back
+        self._pick.finish(ok=False)
         replica = self._pick.route.replica
         log.warning("stream from replica %s cut midway: %s", replica, message)
         yield error_event(f"replica {replica}: {message}", code)
