@@ -3,7 +3,10 @@ temporary folder: one line says so, no traceback, exit status 128 + the signal's
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,38 @@ def test_a_stop_signal_ends_every_process_of_the_run_and_removes_its_folder(
     assert marked(run.tmpdir) == {}
     assert not folder.exists()
     assert run.stdout == ""  # no report for a run that did not end
+
+
+def _await_gone(tmpdir: Path, groups: set[int]) -> None:
+    """Until nothing of the run is left (its keeper included), bounded."""
+    deadline = time.monotonic() + STOP_WITHIN_S
+    while (marked(tmpdir) or alive_groups(groups)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the keeper sweeping, killed processes being reaped by init
+
+
+def test_a_sigkilled_run_still_ends_every_process_it_started_and_removes_its_folder(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL cannot be caught: the run's keeper, which outlives it, ends its fleet."""
+    path = tmp_path / "killed.yaml"
+    path.write_text(SCENARIO)
+    run = RealRunProcess(tmp_path / "tmp", "--time-scale", "0.1", str(path))
+    try:
+        folder = Path(run.wait_for_line(r"temporary folder (\S+)", UP_WITHIN_S)[1])
+        run.wait_for_line(r"replica\.ready .*replica=m-r1", UP_WITHIN_S)
+        procs = marked(run.tmpdir)
+        procs.pop(run.proc.pid, None)
+        groups = set(procs.values())
+        started = " | ".join(cmdlines(set(procs)))
+        assert len(groups) >= 7, started  # controller, agents, sidecars, engines, the keeper
+        run.proc.kill()
+        run.finish(STOP_WITHIN_S)
+        _await_gone(run.tmpdir, groups)
+    finally:
+        for pid in marked(run.tmpdir):  # whatever a failed keeper left: ours alone
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert run.proc.returncode == -signal.SIGKILL
+    assert alive_groups(groups) == set(), started
+    assert marked(run.tmpdir) == {}
+    assert not folder.exists()

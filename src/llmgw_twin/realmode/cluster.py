@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -78,8 +79,16 @@ class NodeProcs:
 
 
 class RealCluster:
-    def __init__(self, scenario: Scenario, workdir: Path, controller_port: int) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        workdir: Path,
+        controller_port: int,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.scenario = scenario
+        self.env = dict(env) if env is not None else None
+        """What every process of the cluster starts with (the run's mark: `keeper.py`)."""
         self.workdir = workdir
         self.controller_port = controller_port
         self.controller_url = f"http://127.0.0.1:{controller_port}"
@@ -222,6 +231,7 @@ class RealCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=self.env,
         )
         self.started_groups.add(proc.pid)
         return proc

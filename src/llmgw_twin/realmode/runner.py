@@ -24,7 +24,7 @@ import asyncio
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from llmgw_twin.realmode.checks import (
 )
 from llmgw_twin.realmode.cluster import RealCluster, free_port
 from llmgw_twin.realmode.faults import RealFaults, check_real_supported
+from llmgw_twin.realmode.keeper import Keeper
 from llmgw_twin.realmode.stop import Interrupted, Stopper, signals_to
 from llmgw_twin.realmode.traffic import RealTraffic
 from llmgw_twin.service.common.wire import TraceEventW
@@ -118,6 +119,7 @@ class RealRun:
         workdir: Path,
         progress: Progress | None = None,
         tolerance_ms: int = 0,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.scenario = scenario
         self.tolerance_ms = tolerance_ms
@@ -129,7 +131,7 @@ class RealRun:
             shown(line)
 
         self.progress: Progress = say
-        self.cluster = RealCluster(scenario, workdir, free_port())
+        self.cluster = RealCluster(scenario, workdir, free_port(), env)
         self.trace: list[TraceEvent] = []
         self.checks = RealInvariants(scenario)
         self.checks.controller_url = self.cluster.controller_url
@@ -351,29 +353,49 @@ def run_real(
     check_real_supported(scenario)
     scaled = widen(scale_scenario(scenario, time_scale), tolerance_ms)
     stopper = Stopper()
-    with signals_to(stopper.on_signal), tempfile.TemporaryDirectory(prefix="llmgw-real-") as tmp:
-        run = RealRun(scaled, Path(tmp), progress, tolerance_ms)
-
-        async def main() -> list[int]:
-            task = asyncio.current_task()
-            assert task is not None
-            stopper.watch(task)
-            try:
-                if stopper.received is None:
-                    await run.run()
-            except asyncio.CancelledError:
-                if stopper.received is None:
-                    raise
-            finally:
-                stopper.stopping = True  # from here on a signal is only noted
-                run.injector.cancel()  # nothing of the faults' timers fires during the stop
-                run.progress("stopping every process the run started")
-                left = await run.cluster.stop_all()
-            return left
-
-        left = asyncio.run(main())
-        result = run.result(time_scale, tolerance_ms, left) if stopper.received is None else None
+    keeper: Keeper | None = None
+    try:
+        with (
+            signals_to(stopper.on_signal),
+            tempfile.TemporaryDirectory(prefix="llmgw-real-") as tmp,
+        ):
+            keeper = Keeper(Path(tmp))  # ends the run's processes if this one is SIGKILLed
+            result = _run_cluster(
+                RealRun(scaled, Path(tmp), progress, tolerance_ms, keeper.env()),
+                stopper,
+                time_scale,
+                tolerance_ms,
+            )
+    finally:
+        if keeper is not None:
+            keeper.release()
     if stopper.received is not None:  # a signal during the clean-up counts too
         raise Interrupted(stopper.received)
     assert result is not None
     return result
+
+
+def _run_cluster(
+    run: RealRun, stopper: Stopper, time_scale: float, tolerance_ms: int
+) -> RealResult | None:
+    """The run on its cluster, every process it started ended after; None after a signal."""
+
+    async def main() -> list[int]:
+        task = asyncio.current_task()
+        assert task is not None
+        stopper.watch(task)
+        try:
+            if stopper.received is None:
+                await run.run()
+        except asyncio.CancelledError:
+            if stopper.received is None:
+                raise
+        finally:
+            stopper.stopping = True  # from here on a signal is only noted
+            run.injector.cancel()  # nothing of the faults' timers fires during the stop
+            run.progress("stopping every process the run started")
+            left = await run.cluster.stop_all()
+        return left
+
+    left = asyncio.run(main())
+    return run.result(time_scale, tolerance_ms, left) if stopper.received is None else None
