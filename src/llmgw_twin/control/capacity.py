@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from llmgw_twin.control.fits import FitRanking
 from llmgw_twin.control.model import EngineName, FabricId, NodeId, NodeInfo
 from llmgw_twin.control.room import Shape, capacity_of
+from llmgw_twin.control.stability import Stability
 
 _Key = tuple[FabricId, EngineName, bool]
 
@@ -52,6 +53,8 @@ class CapacityBook:
         self._fits: dict[tuple[FabricId, Shape], tuple[int, int, int, tuple[int, ...]]] = {}
         self._rankings: dict[Shape, FitRanking] = {}
         self._cordoned: set[NodeId] = set()  # kept across a node's forgetting and return
+        self.stability = Stability()
+        """Each node's recent instability: placement's last tie-breaker before the name."""
 
     # --- bookkeeping -------------------------------------------------------------------------
 
@@ -79,6 +82,7 @@ class CapacityBook:
 
     def remove_node(self, node: NodeId) -> None:
         cap = self._nodes.pop(node, None)
+        self.stability.forget(node)
         if cap is not None:
             self._unindex(cap)
             self._members[cap.info.fabric].discard(node)

@@ -60,20 +60,56 @@ def fabrics_for(core: Controller, profile: Profile) -> list[dict[str, Any]]:
             ok.append(node)
         else:
             why[_kind(reason)] += 1
+    st, now = core.capacity.stability, core.now_ms()
     out = []
     for fabric in sorted(per):
         ok, why = per[fabric]
-        out.append(
-            {
-                "fabric": fabric,
-                "fits": len(ok) >= profile.nodes,
-                "candidates": len(ok),
-                "needs": profile.nodes,
-                "candidate_nodes": ok[:NODES_LISTED],
-                "blocked": dict(sorted(why.items())),
-            }
-        )
+        entry: dict[str, Any] = {
+            "fabric": fabric,
+            "fits": len(ok) >= profile.nodes,
+            "candidates": len(ok),
+            "needs": profile.nodes,
+            "candidate_nodes": ok[:NODES_LISTED],
+            "blocked": dict(sorted(why.items())),
+        }
+        unstable = {n: text for n in ok if (text := st.describe(n, now)) is not None}
+        if unstable:  # candidates taken last when the packing ties
+            entry["unstable"] = dict(list(unstable.items())[:NODES_LISTED])
+        out.append(entry)
     return out
+
+
+def stability(core: Controller, fabric: str, nodes: tuple[NodeId, ...]) -> list[dict[str, Any]]:
+    """Why the replica's nodes were preferred to the recently unstable nodes of its fabric
+    (empty: none of the fabric's nodes has a recent history). Placement takes the least
+    unstable node when the packing ties (`stability.py`)."""
+    st, now = core.capacity.stability, core.now_ms()
+    out: list[dict[str, Any]] = []
+    for node in st.remembered():
+        info = core.node_info(node)
+        text = st.describe(node, now)
+        if info is None or info.fabric != fabric or text is None:
+            continue
+        verdict = (
+            "holds a shard: no steadier node tied with it on packing"
+            if node in nodes
+            else "passed over when the packing ties: a steadier node goes first"
+        )
+        entry = {"node": node, "instability": round(st.score(node, now), 2), "history": text}
+        out.append({**entry, "verdict": verdict})
+    if not out:
+        return []
+    steady = [
+        {
+            "node": n,
+            "instability": 0.0,
+            "history": "no recent loss, reboot or unheard spell",
+            "verdict": "preferred: a stable recent history",
+        }
+        for n in nodes
+        if st.describe(n, now) is None
+    ]
+    return (steady + out)[: NODES_LISTED + len(nodes)]
 
 
 def _kind(reason: str) -> str:
@@ -122,6 +158,9 @@ def explain(core: Controller, rid: ReplicaId) -> dict[str, Any] | None:
             }
             for s in rec.specs
         ]
+        history = stability(core, rec.fabric, rec.nodes) if rec.fabric is not None else []
+        if history:
+            out["stability"] = history
         return out
     fabrics = fabrics_for(core, rec.profile)
     out["fabrics"] = fabrics

@@ -12,7 +12,9 @@ nodes x `g` GPUs:
    deployment already there (a fabric is a failure domain), then the tightest fit, then the
    name.
 3. Inside the chosen fabric, nodes are taken one at a time: least room lost, then fewest
-   replicas of the same deployment on the node, then the tightest fit, then the name.
+   replicas of the same deployment on the node, then the tightest fit, then the least recent
+   instability (`stability.py`: losses, reboots, unheard spells, decaying), then the name.
+   The fabric ranking does not read instability: it only breaks ties between nodes.
 
 Invariant: a placement's nodes are all in its fabric, each can run the profile's engine (linked
 to the fabric when the replica spans nodes) and has the GPUs it is given free.
@@ -164,20 +166,21 @@ class CapacityIndex(CapacityBook):
         chosen: list[NodeId] = []
         changes: list[tuple[int, int]] = []
         for _ in range(shape.nodes):
-            best: tuple[int, int, int, NodeId] | None = None
+            best: tuple[int, int, int, float, NodeId] | None = None
             for v in values:
-                node, same = self._first_in(buckets.get(v, ()), shape, excluded, chosen, spread)
-                if node is None:
+                found = self._first_in(buckets.get(v, ()), shape, excluded, chosen, spread)
+                if found is None:
                     continue
+                same, risk, node = found
                 loss = 0
                 if tight and demand is not None:
                     loss = demand.loss(fabric, shape.engine, [*changes, (v, v - shape.gpus)])
-                key = (loss, same, v, node)
+                key = (loss, same, v, risk, node)
                 if best is None or key < best:
                     best = key
             if best is None:
                 return None
-            chosen.append(best[3])
+            chosen.append(best[4])
             changes.append((best[2], best[2] - shape.gpus))
         return chosen
 
@@ -188,19 +191,21 @@ class CapacityIndex(CapacityBook):
         excluded: frozenset[NodeId],
         chosen: list[NodeId],
         spread: Mapping[NodeId, int],
-    ) -> tuple[NodeId | None, int]:
-        """The first eligible node of a bucket holding the fewest replicas of the deployment."""
-        best: NodeId | None = None
-        fewest = 0
+    ) -> tuple[int, float, NodeId] | None:
+        """The eligible node of a bucket holding the fewest replicas of the deployment, then
+        the least unstable (`stability.py`), then the first by name: (replicas of the deployment
+        on it, instability, node). Stops at the first node with neither."""
+        best: tuple[int, float, NodeId] | None = None
+        risk = self.stability.risk
         for node in bucket:
             if node in excluded or node in chosen or not self.can_run(node, shape):
                 continue
-            same = spread.get(node, 0)
-            if same == 0:
-                return node, 0
-            if best is None or same < fewest:
-                best, fewest = node, same
-        return best, fewest
+            key = (spread.get(node, 0), risk.get(node, 0.0), node)
+            if key[0] == 0 and key[1] == 0.0:
+                return key
+            if best is None or key < best:
+                best = key
+        return best
 
 
 def _reason(profile: Profile, short: list[tuple[int, FabricId]]) -> str:

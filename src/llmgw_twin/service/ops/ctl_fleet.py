@@ -155,6 +155,8 @@ def render_explain(a: dict[str, Any]) -> str:
         lines.append(f"  copy of: {a['copy_of']}")
     for s in a.get("shards", []):
         lines.append(f"  rank {s['rank']}: {s['node']} GPUs {s['gpus']} {s['state'] or '-'}")
+    for h in a.get("stability", []):
+        lines.append(f"  {h['node']}: {h['verdict']} ({h['history']})")
     if a.get("never_fits"):
         lines.append(f"  never fits the fleet as registered: {a['never_fits']}")
     for f in a.get("fabrics", []):
@@ -166,4 +168,6 @@ def render_explain(a: dict[str, Any]) -> str:
             + (f" ({nodes})" if nodes else "")
             + (f"; other nodes: {blocked}" if blocked else "")
         )
+        for node, history in f.get("unstable", {}).items():
+            lines.append(f"    {node} taken last on a tie: {history}")
     return "\n".join(lines)
