@@ -159,7 +159,9 @@ def test_only_a_router_token_or_an_admin_token_reads_the_feed(tmp_path: Path) ->
                 for method, path in [("GET", "/v1/admin/state"), ("GET", "/v1/models")]:
                     r = await client.request(method, path, headers=headers)
                     assert r.status_code == 403, (path, r.text)
-                    assert r.json()["detail"] == "a router credential may not call this endpoint"
+                    assert r.json()["detail"].startswith(
+                        "a router credential may not call this endpoint"
+                    )
         finally:
             await runtime.stop()
 

@@ -127,24 +127,48 @@ def bearer_of(header: str | None) -> str | None:
     return token
 
 
-def refuse(request: Request, status: int, detail: str) -> HTTPException:
+class Refusal(HTTPException):
+    """An auth refusal; `code` is the machine-readable reason OpenAI clients read
+    (`missing_api_key`, `invalid_api_key`), None where the message is enough."""
+
+    def __init__(
+        self, status: int, detail: str, headers: dict[str, str] | None, code: str | None
+    ) -> None:
+        super().__init__(status, detail, headers=headers)
+        self.code = code
+
+
+def refuse(request: Request, status: int, detail: str, code: str | None = None) -> HTTPException:
     """The refusal to raise; logged with who asked and why, never with the token."""
     client = request.client.host if request.client is not None else "?"
     log.warning("refused %s %s from %s: %s", request.method, request.url.path, client, detail)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return HTTPException(status, detail, headers=headers)
+    return Refusal(status, detail, headers, code)
 
 
 MISSING = "missing credentials: send Authorization: Bearer <token>"
 INVALID = "invalid credentials"
+MISSING_API_KEY = (
+    "no API key: send one as `Authorization: Bearer <key>` (the OpenAI client's api_key, or "
+    "$OPENAI_API_KEY); an operator makes keys with `llmgw-twin ctl new-token`"
+)
+INVALID_API_KEY = (
+    "the API key matches none this service accepts: check it for a typo or an old key; "
+    "an operator lists the accepted keys' hashes under auth.api_keys"
+)
 
 
-def presented(request: Request) -> str:
+def presented(request: Request, missing: str = MISSING, code: str | None = None) -> str:
     """The request's bearer token; a request without one is refused (401)."""
     token = bearer(request)
     if token is None:
-        raise refuse(request, 401, MISSING)
+        raise refuse(request, 401, missing, code)
     return token
+
+
+def presented_api_key(request: Request) -> str:
+    """An API client's key, refused (401 `missing_api_key`) when the request has none."""
+    return presented(request, MISSING_API_KEY, "missing_api_key")
 
 
 class ControllerKeys:
@@ -214,11 +238,19 @@ class ControllerKeys:
 
     def require(self, request: Request, kind: Kind, *others: Kind) -> Caller:
         """The caller, if its credential is of `kind` (or one of `others`)."""
-        caller = self.identify(presented(request))
-        if caller is None:
-            raise refuse(request, 401, INVALID)
+        if kind == "api":  # an OpenAI client: told in its words (`missing_api_key`, ...)
+            caller = self.identify(presented_api_key(request))
+            if caller is None:
+                raise refuse(request, 401, INVALID_API_KEY, "invalid_api_key")
+        else:
+            caller = self.identify(presented(request))
+            if caller is None:
+                raise refuse(request, 401, INVALID)
         if caller.kind != kind and caller.kind not in others:
-            raise refuse(request, 403, f"a {caller.kind} credential may not call this endpoint")
+            detail = f"a {caller.kind} credential may not call this endpoint"
+            if kind == "api":
+                detail += ": send an API key (one listed under auth.api_keys)"
+            raise refuse(request, 403, detail, "wrong_credential_kind" if kind == "api" else None)
         return caller
 
 
@@ -230,8 +262,8 @@ class ApiKeys:
         self.hashes = tuple(hashes)
 
     def require(self, request: Request) -> None:
-        if self.hashes and not any_matches(token_hash(presented(request)), self.hashes):
-            raise refuse(request, 401, INVALID)
+        if self.hashes and not any_matches(token_hash(presented_api_key(request)), self.hashes):
+            raise refuse(request, 401, INVALID_API_KEY, "invalid_api_key")
 
 
 class AgentKeys:

@@ -47,6 +47,37 @@ def openai_error(
     return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
 
 
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models"})
+"""The routes OpenAI clients call: every error reply there is an `OpenAIErrorW`, whoever makes
+it (the forwarding, an auth check, a body limit, an unexpected error)."""
+OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+"""OpenAI's error `type` per status; any other 4xx is an invalid request, a 5xx a server error."""
+OPENAI_CODES = {413: "request_too_large", 429: "rate_limit_exceeded"}
+"""A status's `code`, where the status alone says it (the auth checks give their own)."""
+
+
+def error_content(path: str, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """An error reply's body: `{"detail"}` everywhere, plus OpenAI's `error` object on the
+    routes OpenAI clients call (`OPENAI_PATHS`)."""
+    if path not in OPENAI_PATHS:
+        return {"detail": message}
+    kind = OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = OpenAIErrorW(
+        detail=message,
+        error=OpenAIErrorBodyW(message=message, type=kind, code=code or OPENAI_CODES.get(status)),
+    )
+    return body.model_dump(mode="json")
+
+
 def _error(description: str, model: object = ErrorW) -> dict[str, Any]:
     return {"model": model, "description": description}
 
@@ -71,6 +102,9 @@ PROXIED: Responses = {
         "content": {"application/json": {}, "text/event-stream": {}},
     },
     400: _error("The body is not JSON, or names no model.", OpenAIErrorW),
+    401: _error("No API key, or one that matches none listed (`code` says which).", OpenAIErrorW),
+    403: _error("A credential that is not an API key.", OpenAIErrorW),
+    413: _error("The body is over the size limit (`limits.py`).", OpenAIErrorW),
     404: _error("The model is not deployed.", OpenAIErrorW),
     502: _error("The replica failed, and so did the one tried after it, if any.", OpenAIErrorW),
     503: _error(

@@ -25,7 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
 
 import httpx
@@ -68,6 +68,7 @@ from llmgw_twin.service.common.limits import (
     MAX_REPLICAS,
     MAX_SHARDS_PER_MESSAGE,
 )
+from llmgw_twin.service.common.replies import error_content
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +380,19 @@ def error_reply(status: int, detail: str) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error a JSON `{"detail": message}`; bad input 422, never a 500."""
+    """Every error a JSON `{"detail": message}`; bad input 422, never a 500. On the routes
+    OpenAI clients call, the body also carries OpenAI's `error` object (`replies.error_content`),
+    so those clients show the message."""
+
+    def reply(
+        request: Request,
+        status: int,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        code: str | None = None,
+    ) -> JSONResponse:
+        content = error_content(request.url.path, status, message, code)
+        return JSONResponse(content, status_code=status, headers=headers)
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -387,21 +400,20 @@ def install_error_handlers(app: FastAPI) -> None:
         content_type = request.headers.get("content-type", "")
         if request.method in ("POST", "PUT") and "json" not in content_type:
             message += " (send the body as JSON, with content-type: application/json)"
-        return error_reply(422, message)
+        return reply(request, 422, message)
 
-    async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return JSONResponse(
-            {"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
-        )
+        code = getattr(exc, "code", None)
+        return reply(request, exc.status_code, str(exc.detail), exc.headers, code)
 
-    async def refused(_request: Request, exc: Exception) -> JSONResponse:
+    async def refused(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Refused)
-        return error_reply(exc.status, str(exc))
+        return reply(request, exc.status, str(exc))
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error in %s %s", request.method, request.url.path)
-        return error_reply(500, f"internal error: {type(exc).__name__}: {exc}")
+        return reply(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
