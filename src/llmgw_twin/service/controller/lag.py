@@ -45,6 +45,10 @@ class LagMonitor:
         self._last_at: float | None = None
         self._logged_at = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._due: float | None = None
+        """When the probe asked to wake (monotonic seconds)."""
+        self._told_until = 0.0
+        """Lateness up to this instant has been told to the core."""
         self.watching = False
         """True once the monitor has started measuring."""
 
@@ -72,14 +76,26 @@ class LagMonitor:
     async def _watch(self) -> None:
         self.watching = True
         while True:
-            asked = time.monotonic()
+            self._due = time.monotonic() + PROBE_S
             await asyncio.sleep(PROBE_S)
-            late_s = max(0.0, time.monotonic() - asked - PROBE_S)
+            late_s = max(0.0, time.monotonic() - self._due)
             if self._lateness is not None:
                 self._lateness.observe(late_s)
-            late_ms = int(late_s * 1000)
-            if late_ms > TOLERANCE_MS:
-                await self.lagged(late_ms)
+            await self.catch_up()
+
+    async def catch_up(self) -> None:
+        """Tell the core of the lateness not yet told: called by the probe when it wakes, and
+        by the reconcile loop before each tick, so that a tick after a long step, a pause or a
+        starved loop judges no silence before the core knows how late it runs (the probe, woken
+        in the same instant, could come after the tick). Each stretch of lateness is told once,
+        by whichever comes first."""
+        if self._due is None:
+            return
+        now = time.monotonic()
+        late_ms = int((now - max(self._due, self._told_until)) * 1000)
+        if late_ms > TOLERANCE_MS:
+            self._told_until = now
+            await self.lagged(late_ms)
 
     async def lagged(self, late_ms: int) -> None:
         """Count a lateness of `late_ms` and tell the core."""
