@@ -147,12 +147,13 @@ def test_over_http_a_chunked_body_that_never_ends_is_answered_413(tmp_path: Path
 # --- the wire models' bounds ---------------------------------------------------------------
 
 
-def test_a_body_of_exactly_the_limit_reaches_the_app_whole() -> None:
-    """The app gets the body in one piece, and what the server says next (a disconnect)."""
+def test_a_body_of_exactly_the_limit_reaches_the_app_as_it_streams() -> None:
+    """The app gets the body as it was sent, piece by piece (the limit holds none of it), and
+    what the server says next; one byte over, the app's next read is refused with a 413."""
     got: list[Any] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        got.extend([await receive(), await receive()])
+        got.extend([await receive() for _ in range(4)])
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
@@ -175,7 +176,9 @@ def test_a_body_of_exactly_the_limit_reaches_the_app_whole() -> None:
 
     assert asyncio.run(go(10)) == 204
     assert got == [
-        {"type": "http.request", "body": b"x" * 10, "more_body": False},
+        {"type": "http.request", "body": b"x" * 3, "more_body": True},
+        {"type": "http.request", "body": b"x" * 7, "more_body": True},
+        {"type": "http.request", "body": b"", "more_body": False},
         {"type": "http.disconnect"},
     ]
     got.clear()

@@ -15,11 +15,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from llmgw_twin.service.common import limits
+from llmgw_twin.service.common import limits, listener
 from llmgw_twin.service.common.auth import check_hash, is_loopback
 from llmgw_twin.service.common.tls import ClientTls, ServerTls
 from llmgw_twin.service.common.wire import Port, Text
-from llmgw_twin.units import parse_size_mib
+from llmgw_twin.units import parse_duration, parse_size_mib
 
 Host = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
 
@@ -56,6 +56,18 @@ class ListenC(StrictModel):
     tls: ServerTlsC | None = None
     allow_plaintext: Annotated[bool, Strict()] = False
     """Serve plain HTTP on an address other than loopback (a network trusted end to end)."""
+    max_connections: Annotated[
+        int,
+        Strict(),
+        Field(ge=listener.MAX_CONNECTIONS_BOUNDS[0], le=listener.MAX_CONNECTIONS_BOUNDS[1]),
+    ] = listener.MAX_CONNECTIONS
+    head_timeout: Annotated[str, Strict()] = f"{listener.HEAD_TIMEOUT_MS // 1000}s"
+    idle_timeout: Annotated[str, Strict()] = f"{listener.IDLE_TIMEOUT_MS // 1000}s"
+    max_head_bytes: Annotated[
+        int,
+        Strict(),
+        Field(ge=listener.MAX_HEAD_BYTES_BOUNDS[0], le=listener.MAX_HEAD_BYTES_BOUNDS[1]),
+    ] = listener.MAX_HEAD_BYTES
 
 
 class AuthC(StrictModel):
@@ -117,6 +129,29 @@ def server_tls(path: Path, listen: ListenC, *, secured: bool, what: str) -> Serv
                 "listen.allow_plaintext: true on a network trusted end to end"
             )
     return tls
+
+
+def listen_limits(path: Path, listen: ListenC) -> listener.ListenLimits:
+    """The listener's connection cap, timeouts and head bound (`listener.py`), each within
+    its bounds."""
+    timeouts = {}
+    for key, (low, high) in (
+        ("head_timeout", listener.HEAD_TIMEOUT_BOUNDS_MS),
+        ("idle_timeout", listener.IDLE_TIMEOUT_BOUNDS_MS),
+    ):
+        try:
+            ms = parse_duration(getattr(listen, key))
+        except ValueError as e:
+            raise ConfigError(f"{path}: listen.{key}: {e}") from None
+        if not low <= ms <= high:
+            raise ConfigError(f"{path}: listen.{key}: must be from {low}ms to {high // 1000}s")
+        timeouts[key] = ms
+    return listener.ListenLimits(
+        listen.max_connections,
+        timeouts["head_timeout"],
+        timeouts["idle_timeout"],
+        listen.max_head_bytes,
+    )
 
 
 def client_tls(path: Path, c: ClientTlsC | None) -> ClientTls | None:

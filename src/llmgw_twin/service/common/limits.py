@@ -10,22 +10,28 @@ Defaults are module constants; `BodyLimit` takes others as arguments.
 Invariants:
 - A body is refused once it is known to be over the limit: at once when its declared
   `Content-Length` says so, otherwise as soon as the bytes read pass the limit (a chunked body
-  is never read to its end). At most the limit, plus the one chunk that passed it, is held.
-  The refusal is a JSON `{"detail": ...}` with status 413 and `Connection: close` (the rest of
-  the body is not read, so the connection cannot carry another request).
+  is never read to its end). `BodyLimit` holds none of it: it counts the bytes as the app
+  reads them (streamed, `_Counted`), and a route that reads no body reads none; the app holds
+  at most the limit, plus the one chunk that passed it. Credentials are checked before any of
+  it is read (`gate.py`, the layer outside this one). The refusal is a JSON
+  `{"detail": ...}` with status 413 and `Connection: close` (the rest of the body is not
+  read, so the connection cannot carry another request).
 - Inference routes (`INFERENCE_PATHS`) have a limit of their own: prompts are large, control
   messages are not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Collection
 
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmgw_twin import units
+from llmgw_twin.service.common.replies import error_content
 
 log = logging.getLogger("llmgw_twin.limits")
 
@@ -97,23 +103,68 @@ class BodyLimit:
         if declared is not None and declared > limit:
             await _refuse(scope, receive, send, limit, f"declared {declared} bytes")
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away: nobody to answer
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await _refuse(scope, receive, send, limit, f"over {limit} bytes sent")
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks
-        await self.app(scope, replaying(body, receive), send)
+        counted = _Counted(receive, limit, scope["path"])
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        # answered below, unless the response had started (the connection then ends)
+        with contextlib.suppress(BodyTooLarge):
+            await self.app(scope, counted.receive, watched)
+        if counted.over and not started:  # the app gave up on the body without answering
+            await _refuse(scope, receive, send, limit, f"over {limit} bytes sent")
+        elif counted.over:  # answered by the app's own handler of `BodyTooLarge` (413)
+            _log_refusal(scope, f"over {limit} bytes sent")
+
+
+class BodyTooLarge(HTTPException):
+    """Raised by a counted `receive` once the bytes read pass the limit: a 413 wherever it is
+    raised (FastAPI's handler of HTTP errors answers it, `BodyLimit` when it gets past it)."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(
+            413,
+            f"request body too large: {path} takes at most {limit} bytes (over {limit} bytes sent)",
+            headers={"connection": "close"},
+        )
+
+
+class _Counted:
+    """A `receive` that counts the body's bytes as the app reads them, and raises
+    `BodyTooLarge` once they pass `limit`: the body is streamed to whoever reads it, never
+    held here."""
+
+    def __init__(self, receive: Receive, limit: int, path: str) -> None:
+        self._receive = receive
+        self.limit = limit
+        self.path = path
+        self.size = 0
+        self.over = False
+
+    async def receive(self) -> Message:
+        if self.over:
+            raise BodyTooLarge(self.path, self.limit)
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self.limit:
+                self.over = True
+                raise BodyTooLarge(self.path, self.limit)
+        return message
+
+
+def _log_refusal(scope: Scope, why: str) -> None:
+    client = scope.get("client")
+    log.warning(
+        "refused %s %s from %s: body too large (%s)",
+        scope.get("method", "?"),
+        scope["path"],
+        client[0] if client else "?",
+        why,
+    )
 
 
 def replaying(body: bytes, receive: Receive) -> Receive:
@@ -153,8 +204,9 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, why: s
         client[0] if client else "?",
         why,
     )
+    message = f"request body too large: {path} takes at most {limit} bytes ({why})"
     reply = JSONResponse(
-        {"detail": f"request body too large: {path} takes at most {limit} bytes ({why})"},
+        error_content(path, 413, message),
         status_code=413,
         headers={"connection": "close"},
     )

@@ -19,6 +19,7 @@ from typing import Protocol
 import uvicorn
 from fastapi import FastAPI
 
+from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, ListenLimits, uvicorn_options
 from llmgw_twin.service.common.tls import ServerTls
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -26,11 +27,6 @@ GRACEFUL_SHUTDOWN_S = 5
 """How long a shutdown waits for open connections before it stops the app anyway. Without a
 bound, a TLS connection a peer keeps idle in its pool holds the shutdown for asyncio's TLS
 close timeout (30 s): the peer answers the close only when it next uses the connection."""
-KEEP_ALIVE_S = 75
-"""How long an idle connection is kept open: longer than a heartbeat interval, so an agent's
-heartbeats reuse one connection (uvicorn's default, 5 s, made every 10 s heartbeat a new one:
-a thousand TCP handshakes a second at 10,000 nodes). Clients expire theirs sooner (60 s), so
-they never send on a connection the server is closing."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -113,9 +109,11 @@ def serve(
     log_level: str,
     tls: ServerTls | None = None,
     sock: socket.socket | None = None,
+    limits: ListenLimits = DEFAULT_LISTEN_LIMITS,
 ) -> int:
     """Serve `app`; over TLS when `tls` is given (mutual TLS when it names a client CA); on
-    `sock` when given (`listen`), else on a socket bound once the app's start-up is done."""
+    `sock` when given (`listen`), else on a socket bound once the app's start-up is done; with
+    the connection cap, the timeouts and the head's bound of `limits` (`listener.py`)."""
     options = tls.uvicorn_options() if tls is not None else {}
     config = uvicorn.Config(
         app,
@@ -125,7 +123,7 @@ def serve(
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        **uvicorn_options(limits),
         **options,
     )
     server = uvicorn.Server(config)

@@ -10,7 +10,7 @@ them, and every error is JSON (`wire.install_error_handlers`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
@@ -18,9 +18,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 
-from llmgw_twin.service.common.auth import Caller, ControllerKeys, CredentialRequestW, CredentialW
+from llmgw_twin.service.common.auth import (
+    Caller,
+    ControllerKeys,
+    CredentialRequestW,
+    CredentialW,
+    Kind,
+)
 from llmgw_twin.service.common.feed import FeedPageW
-from llmgw_twin.service.common.limits import MAX_INT, BodyLimit
+from llmgw_twin.service.common.gate import guard
+from llmgw_twin.service.common.limits import MAX_INT
 from llmgw_twin.service.common.metrics import add_metrics_route
 from llmgw_twin.service.common.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.common.serving import lifespan_of
@@ -77,6 +84,24 @@ async def _as_router(request: Request, _token: Bearer) -> None:
         keys.require(request, "router", "admin")
 
 
+KINDS: tuple[Kind, ...] = get_args(Kind)
+CLIENT_PATHS = frozenset({"/v1/models", "/v1/chat/completions", "/v1/completions"})
+
+
+def _gate(request: Request) -> None:
+    """Who passes the gate (`gate.py`), from the headers, before any body is read: a caller
+    with a credential this controller knows, of any kind (the kind each route wants is its
+    dependency's to check); on the client routes anyone, when no API key is listed."""
+    keys = _keys(request)
+    if keys is None:
+        return
+    if request.url.path in CLIENT_PATHS:
+        if keys.api_key_hashes:
+            keys.require(request, "api", *KINDS)  # refused in an OpenAI client's words
+        return
+    keys.require(request, "admin", *KINDS)
+
+
 AsNode = Annotated[Caller | None, Depends(_as_node)]
 Epoch = Annotated[str | None, Query(pattern="^[0-9a-f]{1,64}$")]
 
@@ -108,9 +133,8 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     limits = runtime.settings.limits
     # inside the body limit, in front of FastAPI: the heartbeat's short way (controller/fastpath.py)
     app.add_middleware(HeartbeatFastPath, runtime=runtime)
-    app.add_middleware(
-        BodyLimit, limit=limits.body_bytes, inference_limit=limits.inference_body_bytes
-    )
+    # outside it, credentials from the headers, before any body is read (`gate.py`)
+    guard(app, _gate, limit=limits.body_bytes, inference_limit=limits.inference_body_bytes)
     app.state.runtime = runtime
     admin = [Depends(_as_admin)]
     client = [Depends(_as_client)]

@@ -29,7 +29,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from llmgw_twin.control.model import ModelName
 from llmgw_twin.control.routing import Router
 from llmgw_twin.service.common.auth import ApiKeys
-from llmgw_twin.service.common.limits import CONTROL_BODY_LIMIT, BodyLimit
+from llmgw_twin.service.common.gate import guard
+from llmgw_twin.service.common.limits import CONTROL_BODY_LIMIT
 from llmgw_twin.service.common.metrics import add_metrics_route
 from llmgw_twin.service.common.replies import ERRORS, OPENAI_REQUEST, PROXIED
 from llmgw_twin.service.common.serving import lifespan_of
@@ -125,8 +126,10 @@ async def _as_client(request: Request, _token: Bearer) -> None:
 def create_router_app(runtime: RouterRuntime) -> FastAPI:
     app = FastAPI(title="llmgw-twin router", lifespan=lifespan_of(runtime), responses=ERRORS)
     install_error_handlers(app)
-    app.add_middleware(
-        BodyLimit,
+    # credentials from the headers first, then the body, counted as it streams (`gate.py`)
+    guard(
+        app,
+        runtime.keys.require,
         limit=CONTROL_BODY_LIMIT,
         inference_limit=runtime.settings.inference_body_bytes,
     )

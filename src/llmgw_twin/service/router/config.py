@@ -31,9 +31,11 @@ from llmgw_twin.service.common.config_access import (
     ListenC,
     StrictModel,
     client_tls,
+    listen_limits,
     relative,
     server_tls,
 )
+from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, ListenLimits
 from llmgw_twin.service.common.tls import ClientTls, ServerTls
 from llmgw_twin.service.common.wire import Text, Url, describe_errors
 from llmgw_twin.service.router.forwarding import MAX_ANSWER_BYTES
@@ -112,6 +114,8 @@ class RouterSettings:
     """The longest pause between two attempts to reach the controller."""
     other_controllers: tuple[str, ...] = ()
     """The other controllers' addresses (docs/high-availability.md)."""
+    listen_limits: ListenLimits = DEFAULT_LISTEN_LIMITS
+    """The listener's connection cap, timeouts and head bound (`listener.py`)."""
 
 
 def _ms(path: Path, key: str, text: str) -> int:
@@ -149,6 +153,7 @@ def load_router_config(path: str | Path) -> RouterSettings:
     return RouterSettings(
         host=f.listen.host,
         port=f.listen.port,
+        listen_limits=listen_limits(path, f.listen),
         controller_url=f.controller.rstrip("/"),
         other_controllers=tuple(
             u.rstrip("/") for u in f.controllers if u.rstrip("/") != f.controller.rstrip("/")

@@ -29,4 +29,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
     app = create_router_app(runtime)
-    return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)
+    return serving.serve(
+        app,
+        settings.host,
+        settings.port,
+        args.log_level,
+        settings.tls,
+        limits=settings.listen_limits,
+    )
