@@ -2,20 +2,16 @@
 
     llmgw-twin run FILE... [--json] [--seed N] [--quiet] [--html PATH]
     llmgw-twin run --real [--time-scale F] [--tolerance D] [--compare] FILE...
-    llmgw-twin sim-engine ...            the runnable sim engine (see `sim-engine --help`)
-    llmgw-twin ctl engine-check ...      check launch flags against an engine's own --help
-    llmgw-twin controller --config FILE  the controller service (API, router, reconcile loop)
-    llmgw-twin agent --config FILE       a node agent
-    llmgw-twin router --config FILE      an OpenAI-compatible router fed by the controller
-    llmgw-twin sidecar ...               a shard's sidecar (started by the agent)
-    llmgw-twin fuzz --seeds A..B ...     generated scenarios, random faults (docs/fuzzing.md)
+    llmgw-twin --help                    every command, grouped, one line each (`commands.py`)
 
 `run` exit status: 0 every file passed; 1 an expectation or invariant failed; 2 a file is not a
 valid scenario (or asks for what the twin cannot run), with file, line, column and what is wrong.
 Each file is judged on its own: one that cannot be loaded, or whose run fails inside the twin, is
 reported in one line (never a traceback) and the other files still run.
-Subcommands other than `run` live in their own modules and are imported only when used, so the
-twin's start-up does not pay for a web framework.
+Commands other than `run` live in their own modules and are imported only when used, so the
+twin's start-up does not pay for a web framework (`commands.py` lists them). A word that names
+no command is answered with the nearest one, exit 2; `ctl` or `ctl gpu` alone lists what is
+under it. Output cut short by a closed pipe (`--help | head`) ends quietly.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import time
@@ -30,93 +27,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+from llmgw_twin import commands
 
-# command words -> module (or `module:Class`) with `add_arguments(parser)` and `main(args) -> int`
-LAZY_COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("sim-engine",): ("llmgw_twin.programs.sim_server", "run the sim engine (one shard)"),
-    ("ctl", "engine-check"): (
-        "llmgw_twin.programs.engine_check",
-        "check every flag the project can emit against an engine's --help",
-    ),
-    ("ctl", "clear-gpu"): (
-        "llmgw_twin.service.ops.ctl:ClearGpu",
-        "clear a GPU the controller holds failed (it was repaired or replaced)",
-    ),
-    ("ctl", "clear-quarantine"): (
-        "llmgw_twin.service.ops.ctl:ClearQuarantine",
-        "lift a node's quarantine (for one profile, or all)",
-    ),
-    ("ctl", "new-token"): (
-        "llmgw_twin.service.ops.ctl:NewToken",
-        "print a fresh admin token or API key and the hash its config lists",
-    ),
-    ("ctl", "onboard"): (
-        "llmgw_twin.service.ops.ctl:Onboard",
-        "issue or rotate a node's credential and write its agent's credential file",
-    ),
-    ("ctl", "revoke"): (
-        "llmgw_twin.service.ops.ctl:Revoke",
-        "revoke a node's credential",
-    ),
-    ("ctl", "cordon"): (
-        "llmgw_twin.service.ops.ctl_fleet:Cordon",
-        "take a node out of placement (what it runs keeps running)",
-    ),
-    ("ctl", "uncordon"): (
-        "llmgw_twin.service.ops.ctl_fleet:Uncordon",
-        "put a cordoned node back into placement (ends a drain)",
-    ),
-    ("ctl", "drain"): (
-        "llmgw_twin.service.ops.ctl_fleet:Drain",
-        "move every replica off a node, make-before-break, and keep it cordoned",
-    ),
-    ("ctl", "explain"): (
-        "llmgw_twin.service.ops.ctl_fleet:Explain",
-        "why a replica is where it is, or why it is pending and where it could go",
-    ),
-    ("ctl", "deployment", "delete"): (
-        "llmgw_twin.service.ops.ctl_fleet:DeleteDeployment",
-        "delete a deployment: its replicas are retired",
-    ),
-    ("ctl", "gpu", "clear"): (
-        "llmgw_twin.service.ops.ctl:ClearGpu",
-        "clear a GPU the controller holds failed (as clear-gpu)",
-    ),
-    ("ctl", "status"): (
-        "llmgw_twin.service.ops.ctl_status:Status",
-        "show the fleet: fabrics (or every node), replicas per model, pending replicas and why",
-    ),
-    ("onboard",): (
-        "llmgw_twin.service.ops.onboard",
-        "write a node's agent config, credential, fake sysfs root and systemd units",
-    ),
-    ("controller",): ("llmgw_twin.service.controller.main", "run the controller service"),
-    ("agent",): ("llmgw_twin.service.agent.main", "run a node agent"),
-    ("router",): (
-        "llmgw_twin.service.router.main",
-        "run an OpenAI-compatible router that follows the controller's routing feed",
-    ),
-    ("sidecar",): ("llmgw_twin.service.agent.sidecar", "run a shard's sidecar"),
-    ("fuzz",): (
-        "llmgw_twin.twin.fuzz.cli",
-        "run generated scenarios with random faults over a block of seeds (docs/fuzzing.md)",
-    ),
-}
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
 def _run_parser() -> argparse.ArgumentParser:
     from llmgw_twin import __version__  # the installed metadata's: looked up only here
 
-    p = argparse.ArgumentParser(
-        prog="llmgw-twin",
-        description="A control plane for LLM replicas on GPU fabrics, and its twin.",
-        epilog="other commands: "
-        + "; ".join(f"{' '.join(words)}: {text}" for words, (_, text) in LAZY_COMMANDS.items()),
+    run = argparse.ArgumentParser(
+        prog="llmgw-twin run", description=commands.BY_WORDS[commands.RUN].help
     )
-    p.add_argument("--version", action="version", version=f"llmgw-twin {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run scenario files in the twin (virtual time)")
+    run.add_argument("--version", action="version", version=f"llmgw-twin {__version__}")
     run.add_argument("files", nargs="+", metavar="FILE")
     run.add_argument("--json", action="store_true", help="one JSON report per file, one per line")
     run.add_argument("--seed", type=int, help="override the scenarios' seed")
@@ -149,7 +71,7 @@ def _run_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="real mode: also run the twin on the scaled file and print the fidelity table",
     )
-    return p
+    return run
 
 
 def _cannot(path: str, doing: str, err: Exception) -> str:
@@ -313,28 +235,61 @@ def cmd_run(args: argparse.Namespace) -> int:
     return worst
 
 
-def _lazy(words: tuple[str, ...], rest: Sequence[str]) -> int:
-    module_name, text = LAZY_COMMANDS[words]
-    module_name, _, attr = module_name.partition(":")
+def _lazy(command: commands.Command, rest: Sequence[str]) -> int:
+    module_name, _, attr = command.target.partition(":")
     module: Any = importlib.import_module(module_name)
     if attr:
         module = getattr(module, attr)
-    parser = argparse.ArgumentParser(prog="llmgw-twin " + " ".join(words), description=text)
+    parser = argparse.ArgumentParser(prog=f"llmgw-twin {command.name}", description=command.help)
     add_arguments: Callable[[argparse.ArgumentParser], None] = module.add_arguments
     run: Callable[[argparse.Namespace], int] = module.main
     add_arguments(parser)
     return run(parser.parse_args(list(rest)))
 
 
+def _dispatch(args: list[str]) -> int:
+    found = commands.find(args)
+    if found is not None and found[0].words == commands.RUN:
+        return cmd_run(_run_parser().parse_args(found[1]))
+    if found is not None:
+        return _lazy(*found)
+    if args in ([], ["-h"], ["--help"]):
+        from llmgw_twin import __version__
+
+        print(commands.top_help(__version__))
+        return EXIT_OK if args else EXIT_INVALID
+    if args == ["--version"]:
+        return cmd_run(_run_parser().parse_args(args))  # argparse's version action
+    where = commands.unknown(args)
+    if isinstance(where, str):
+        print(f"error: {where}", file=sys.stderr)
+        return EXIT_INVALID
+    rest = args[len(where) :]
+    print(commands.namespace_help(where))
+    if rest and rest[0] not in ("-h", "--help"):
+        print(
+            f"error: {rest[0]!r} is not a command of `llmgw-twin {' '.join(where)}`",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    for words in LAZY_COMMANDS:
-        if tuple(args[: len(words)]) == words:
-            return _lazy(words, args[len(words) :])
-    parsed = _run_parser().parse_args(args)
-    if parsed.command == "run":
-        return cmd_run(parsed)
-    raise AssertionError(parsed.command)
+    try:
+        try:
+            code = _dispatch(args)
+        except SystemExit as e:  # argparse's --help, --version and usage errors
+            if e.code is not None and not isinstance(e.code, int):
+                raise
+            code = e.code or 0
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `--help | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

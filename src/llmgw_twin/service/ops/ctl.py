@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from llmgw_twin.service.common.auth import CredentialFile, new_token, token_hash
 from llmgw_twin.service.common.tls import ClientTls
@@ -48,18 +49,75 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", type=Path, help="the key of --cert (when not in the same file)")
 
 
+OUTPUTS = ("table", "json", "yaml")
+
+
+def add_output(parser: argparse.ArgumentParser) -> None:
+    """`-o table|json|yaml`, as every ctl read takes it (`--json` is kept as `-o json`)."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="table: for people (the default); json or yaml: the controller's answer as is",
+    )
+    parser.add_argument(
+        "--json", dest="output", action="store_const", const="json", help=argparse.SUPPRESS
+    )
+
+
+def print_answer(args: argparse.Namespace, answer: dict[str, Any], table: str) -> None:
+    """The answer in the form `-o` asked for; `table` is its rendering for people."""
+    if args.output == "json":
+        print(json.dumps(answer, sort_keys=True))
+    elif args.output == "yaml":
+        print(yaml.safe_dump(answer, sort_keys=True), end="")
+    else:
+        print(table)
+
+
 class CtlError(Exception):
     pass
 
 
-def _headers(args: argparse.Namespace) -> dict[str, str]:
-    token = os.environ.get(TOKEN_ENV)
+def _token(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The admin token, and where it came from in words (for a refusal's hint)."""
     if args.token_file is not None:
         try:
             token = args.token_file.read_text(encoding="utf-8").strip()
         except OSError as e:
             raise CtlError(f"cannot read the token file: {e}") from None
+        return token or None, f"the token in --token-file {args.token_file}"
+    return os.environ.get(TOKEN_ENV) or None, f"the token in ${TOKEN_ENV}"
+
+
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    token, _ = _token(args)
     return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def refusal_hint(args: argparse.Namespace, status: int) -> str:
+    """What to do about a 401 or 403, naming where ctl read the token ("" for other refusals)."""
+    if status not in (401, 403):
+        return ""
+    try:
+        token, source = _token(args)
+    except CtlError:
+        return ""
+    if status == 401 and token is None:
+        return (
+            f"no admin token was sent: set ${TOKEN_ENV}, or pass --token-file FILE "
+            "(a file holding the token; `llmgw-twin ctl new-token` makes one)"
+        )
+    if status == 401:
+        return (
+            f"{source} is not an admin token of this controller: its hash must be listed under "
+            "auth.admin_tokens in the controller's config"
+        )
+    return (
+        f"{source} is a credential of another kind (a node's, a router's or an API key): "
+        f"ctl needs an admin token, in ${TOKEN_ENV} or --token-file"
+    )
 
 
 def _request(
@@ -92,6 +150,8 @@ def _request(
     if reply.is_success:
         return 0, answer
     print(f"refused ({reply.status_code}): {answer.get('detail', answer)}", file=sys.stderr)
+    if hint := refusal_hint(args, reply.status_code):
+        print(f"hint: {hint}", file=sys.stderr)
     return 1, answer
 
 

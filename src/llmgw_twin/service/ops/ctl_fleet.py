@@ -10,17 +10,16 @@ empty (exit 0) or the wait is over (exit 1), printing each change.
 - `drain NODE [--wait D]`: cordon it and move each replica off it, make-before-break;
 - `explain REPLICA`: where it is, or why it is pending and which fabrics could take it;
 - `deployment delete MODEL`: retire every replica of it and forget it;
-- `gpu clear NODE GPU`: the GPU was repaired or replaced (the same as `clear-gpu`).
+- `gpu clear NODE GPU`: the GPU was repaired or replaced (`clear-gpu`, its old name, still runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
-from llmgw_twin.service.ops.ctl import _call, _common, _request
+from llmgw_twin.service.ops.ctl import _call, _common, _request, add_output, print_answer
 from llmgw_twin.units import parse_duration
 
 POLL_S = 1.0
@@ -129,7 +128,7 @@ class Explain:
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("replica")
-        parser.add_argument("--json", action="store_true", help="the controller's answer as is")
+        add_output(parser)
         _common(parser)
 
     @staticmethod
@@ -137,7 +136,7 @@ class Explain:
         status, answer = _request(args, "GET", f"/v1/admin/replicas/{args.replica}/explain")
         if status != 0:
             return status
-        print(json.dumps(answer, sort_keys=True) if args.json else render_explain(answer))
+        print_answer(args, answer, render_explain(answer) if args.output == "table" else "")
         return 0
 
 

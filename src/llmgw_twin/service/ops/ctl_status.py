@@ -12,19 +12,18 @@ It prints, as aligned tables:
   replicas, and how many are in each state;
 - one line per pending replica, with the reason it is not placed when the state gives one.
 
-`--json` prints the state as the controller answered it, instead.
+`-o json` (or `-o yaml`) prints the state as the controller answered it, instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from llmgw_twin.control.model import NodeState, ReplicaState
-from llmgw_twin.service.ops.ctl import _common, _request
+from llmgw_twin.service.ops.ctl import _common, _request, add_output, print_answer
 
 HEALTHS = tuple(s.value for s in NodeState)
 """alive, suspect, lost: the per-fabric columns."""
@@ -164,9 +163,7 @@ class Status:
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--nodes", action="store_true", help="one line per node as well")
-        parser.add_argument(
-            "--json", action="store_true", help="print the controller's state answer as is"
-        )
+        add_output(parser)
         _common(parser)
 
     @staticmethod
@@ -174,8 +171,6 @@ class Status:
         status, answer = _request(args, "GET", "/v1/admin/state")
         if status != 0:
             return status
-        if args.json:
-            print(json.dumps(answer, sort_keys=True))
-        else:
-            print(render(answer, every_node=args.nodes))
+        table = render(answer, every_node=args.nodes) if args.output == "table" else ""
+        print_answer(args, answer, table)
         return 0
