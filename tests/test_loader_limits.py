@@ -270,10 +270,10 @@ REFUSED: list[tuple[str, str, Needle, str]] = [
         "1,001 profiles, more than the 1,000 allowed",
     ),
     (
-        "heartbeat not shorter than node_lost_after",
-        BASE + "timings: {heartbeat_interval: 60s}\n",
-        "60s",
-        "heartbeat_interval must be shorter than node_lost_after",
+        "heartbeat not shorter than node_suspect_after",
+        BASE + "timings: {heartbeat_interval: 30s}\n",
+        "30s",
+        "heartbeat_interval (30.000s) must be shorter than node_suspect_after (30.000s",
     ),
     ("alias bomb", alias_bomb(7), "&a5", "more than 500,000 values (an alias counts as a copy"),
     ("recursive alias", BASE + "faults: &loop [*loop]\n", "&loop", "recursive aliases are refused"),
@@ -338,7 +338,7 @@ CLI_CASES = [
         "duration 100000000h",
         "a 5 MB name",
         "a 1 MB name",
-        "heartbeat not shorter than node_lost_after",
+        "heartbeat not shorter than node_suspect_after",
         "alias bomb",
     }
 ]

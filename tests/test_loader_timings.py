@@ -39,6 +39,8 @@ def scenario(*timing_lines: str, tail: str = TAIL) -> str:
 
 def a_value(key: SettingKey) -> tuple[str, int | float]:
     """A valid non-default value for `key`, as written and as read."""
+    if key.key == "node_suspect_after":  # twice the default would be the loss deadline
+        return "45s", 45_000
     match key.kind:
         case "duration":
             ms = 2 * int(key.default)
@@ -163,9 +165,31 @@ BAD = {
     ),
     "heartbeat_interval: 60s": (
         23,
-        "timings: heartbeat_interval must be shorter than node_lost_after",
+        "timings: heartbeat_interval (1m00.000s) must be shorter than node_suspect_after "
+        "(30.000s: not set, half of node_lost_after): a healthy node would turn suspect between "
+        "two heartbeats",
     ),
-    "node_lost_after: 5s": (20, "timings: heartbeat_interval must be shorter than node_lost_after"),
+    "heartbeat_interval: 30s": (
+        23,
+        "timings: heartbeat_interval (30.000s) must be shorter than node_suspect_after (30.000s",
+    ),
+    "node_lost_after: 5s": (
+        20,
+        "timings: heartbeat_interval (10.000s) must be shorter than node_suspect_after (2.500s: "
+        "not set, half of node_lost_after)",
+    ),
+    "node_suspect_after: 1m": (
+        23,
+        "timings: node_suspect_after (1m00.000s) must be shorter than node_lost_after (1m00.000s)",
+    ),
+    "node_suspect_after: 10s": (
+        23,
+        "timings: heartbeat_interval (10.000s) must be shorter than node_suspect_after (10.000s)",
+    ),
+    "restart_backoff: 10m": (
+        20,
+        "timings: restart_backoff (10m00.000s) must not exceed restart_backoff_max (5m00.000s)",
+    ),
     "probe_every: 5s": (3, "unknown key 'probe_every' in timings (expected one of: "),
 }
 
@@ -275,9 +299,23 @@ def test_the_controller_config_accepts_every_timing_key(key: SettingKey, tmp_pat
         (("quarantine_after: 5", "quarantine_after: 0"), "timings.quarantine_after: must be at"),
         (("quarantine_after: 5", "quarantine_after: '5'"), "timings.quarantine_after: expected a"),
         (("mass_loss_share: 60%", "mass_loss_share: lots"), "timings.mass_loss_share: cannot"),
-        (("mass_loss_share: 60%", "mass_loss_share: 2"), "timings: mass_loss_share must be a"),
+        (("mass_loss_share: 60%", "mass_loss_share: 2"), "timings.mass_loss_share: mass_loss_"),
         (("mass_loss_share: 60%", "mass_loss_share: true"), "timings.mass_loss_share: expected"),
-        (("heartbeat_interval: 2s", "heartbeat_interval: 20s"), "timings: heartbeat_interval must"),
+        (
+            ("heartbeat_interval: 2s", "heartbeat_interval: 10s"),
+            "timings.heartbeat_interval: heartbeat_interval (10.000s) must be shorter than "
+            "node_suspect_after (10.000s: not set, half of node_lost_after)",
+        ),
+        (
+            ("heartbeat_interval: 2s\n  node_lost_after: 20s", "node_lost_after: 15s"),
+            "timings.node_lost_after: heartbeat_interval (10.000s) must be shorter than "
+            "node_suspect_after (7.500s: not set, half of node_lost_after)",
+        ),
+        (
+            ("node_lost_after: 20s", "node_lost_after: 20s\n  node_suspect_after: 20s"),
+            "timings.node_suspect_after: node_suspect_after (20.000s) must be shorter than "
+            "node_lost_after (20.000s)",
+        ),
         (("probe_interval: 2s", "probe_every: 2s"), "timings: unknown key 'probe_every'"),
         (("start_timeout: 90s", "start_timeout: soon"), "profiles.tiny.start_timeout"),
     ],

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -258,3 +258,31 @@ def in_file_terms(message: str, keys: Sequence[SettingKey]) -> str:
         if k.attr != k.key:
             message = _word(k.attr).sub(k.key, message)
     return message
+
+
+def timings_refusal(
+    message: str, keys: Sequence[SettingKey], values: Mapping[str, Any], written: Collection[str]
+) -> tuple[str, str | None]:
+    """`Timings`' refusal of one value against another, in a file's terms: each duration it names
+    followed by its value (`heartbeat_interval (30.000s) must be shorter than ...`), a suspicion
+    the file did not set said to be half the loss; and the key the error is at: the first key
+    named that the file wrote (`node_lost_after` for the suspicion it set), or None.
+    `values`: field -> value as read (the rest are the defaults); `written`: the keys written."""
+    named = settings_named(message, keys)
+    shown: dict[str, str] = {}
+    for k in named:
+        if k.kind == "duration":
+            value = values.get(k.attr, k.default)
+            text = fmt_ms(int(value))
+            if k.key == "node_suspect_after" and k.key not in written:
+                text += ": not set, half of node_lost_after"
+            shown[k.key] = text
+    order = [k.key for k in named]
+    if "node_suspect_after" in order and "node_suspect_after" not in written:
+        order.insert(order.index("node_suspect_after") + 1, "node_lost_after")
+    at = next((k for k in order if k in written), None)
+    out = in_file_terms(message, keys)
+    if shown:
+        pattern = re.compile(r"\b(" + "|".join(map(re.escape, shown)) + r")\b")
+        out = pattern.sub(lambda m: f"{m[1]} ({shown.pop(m[1])})" if m[1] in shown else m[1], out)
+    return out, at

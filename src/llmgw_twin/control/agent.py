@@ -20,7 +20,7 @@ send a report). Its rules:
 - a failed GPU is reported with every heartbeat from then on (and after a reboot, since the
   inventory finds it failed again), and so is the state of the node's fabric links;
 - a serving leader whose health probe fails is reported `unresponsive`, and `serving` again once
-  it answers;
+  it answers; a running worker likewise, `running` again once it answers;
 - an exited engine stays reported (with its exit code) until the controller drops the shard.
 """
 
@@ -97,10 +97,13 @@ class AgentCore:
         shards: tuple[LocalShard, ...] = (),
         failed_gpus: tuple[int, ...] = (),
         fabric_up: bool = True,
+        heartbeat_interval_ms: int = 0,
     ) -> None:
         """`failed_gpus` and `fabric_up`: what the node's inventory finds at start (a failed GPU
-        stays failed across a reboot, as hardware does)."""
+        stays failed across a reboot, as hardware does); `heartbeat_interval_ms`: told to the
+        controller when registering, so a misfit with its timings is said (0: not said)."""
         self.info = info
+        self.heartbeat_interval_ms = heartbeat_interval_ms
         self.incarnation = incarnation
         self.node = info.node
         self._shards: dict[ShardKey, LocalShard] = {s.spec.key: s for s in shards}
@@ -109,6 +112,9 @@ class AgentCore:
         self._stopping: dict[tuple[ShardKey, int], ShardSpec] = {}
         """Shards told to stop whose processes may still hold their GPUs."""
         self._heartbeat: Heartbeat | None = None
+        self._version = 0
+        """The report's version: bumped each time the report changes (a quiet heartbeat repeats
+        the last report, the same object, and its version)."""
         self.leader_epoch = 0
         """The highest controller epoch whose command this agent has seen: commands of a lower
         one (a deposed leader's) are refused."""
@@ -127,8 +133,9 @@ class AgentCore:
                 if s.phase in _REPORTED
             )
             failed = tuple(sorted(self._failed_gpus))
+            self._version += 1
             self._heartbeat = Heartbeat(
-                self.node, reports, failed, self._fabric_up, self.incarnation
+                self.node, reports, failed, self._fabric_up, self.incarnation, self._version
             )
         return self._heartbeat
 
@@ -136,7 +143,13 @@ class AgentCore:
         """What the agent sends when it starts, and whenever the controller asks."""
         report = self.heartbeat()
         return NodeRegistered(
-            self.info, report.shards, self.incarnation, report.failed_gpus, report.fabric_up
+            self.info,
+            report.shards,
+            self.incarnation,
+            report.failed_gpus,
+            report.fabric_up,
+            self.heartbeat_interval_ms,
+            version=report.version,
         )
 
     def handle(self, event: AgentEvent) -> AgentStep:

@@ -30,6 +30,7 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "node.quarantined",
     "node.unquarantined",
     "node.forgotten",
+    "node.heartbeat_too_slow",
     "node.cordoned",
     "node.uncordoned",
     "node.draining",
@@ -38,6 +39,8 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "gpu.cleared",
     "fleet.hold",
     "fleet.resumed",
+    "fleet.loss_accepted",
+    "node.loss_paced",
     "replica.placed",
     "shard.started",
     "shard.serving",
@@ -51,10 +54,13 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "replica.unplaceable",
     "replica.backoff",
     "replica.adopted",
+    "replica.forgiven",
     "replica.moving",
     "replica.moved",
     "replica.move_aborted",
     "deployment.deleted",
+    "deployment.profile_changed",
+    "deployment.rolled_out",
     "controller.started",
     "controller.leader",
     "controller.deposed",
@@ -101,7 +107,7 @@ class ShardState(enum.StrEnum):
     STARTING = "starting"  # sidecar up, engine process started, model loading / joining
     RUNNING = "running"  # a worker that joined its leader; it serves nothing itself
     SERVING = "serving"  # the leader, every worker joined, answering on its endpoint
-    UNRESPONSIVE = "unresponsive"  # the leader's process is alive but its health probe fails
+    UNRESPONSIVE = "unresponsive"  # the engine's process is alive but its probe fails
     EXITED = "exited"  # the engine process ended
 
 
@@ -121,6 +127,16 @@ class Timings:
     """Resume judging once at least this share of the fleet is heard again."""
     mass_loss_min_nodes: int = 4
     """Fleets smaller than this are never held: one node's silence is too little to tell."""
+    mass_loss_hold_max_ms: int = 600_000
+    """A hold lasts at most this long: then the controller accepts the loss, takes the silent
+    nodes' replicas out of service and declares the nodes lost at the eviction pace."""
+    # the pace of disruption (control/pace.py)
+    eviction_window_ms: int = 60_000
+    eviction_budget: int = 16
+    """The most replicas taken down in the fleet within an eviction window, for silence (a node
+    declared lost) or by a drain or defragmentation move; 0: no limit."""
+    eviction_fabric_budget: int = 8
+    """The same within one fabric; 0: no limit."""
     # crash loops
     restart_backoff_ms: int = 10_000
     """The delay before the second replacement of a model within the failure window; it doubles
@@ -132,6 +148,12 @@ class Timings:
     quarantine_after: int = 3
     """Failures of one profile's shards on one node, within the window, that quarantine it."""
     quarantine_for_ms: int = 1_800_000
+    failure_half_life_ms: int = 3_600_000
+    """How fast a failure's weight in a node's failure score decays: each of the engine's own
+    failures adds 1, halved every half-life, so a slow loop adds up where the window forgets."""
+    quarantine_score: float = 4.0
+    """The failure score of one profile on one node that quarantines it (besides
+    `quarantine_after` within the window, which catches fast loops sooner)."""
     # readiness
     start_grace_ms: int = 60_000
     """A replica must be ready within twice its load time plus this (unless its profile sets
@@ -144,6 +166,9 @@ class Timings:
     forget_lost_after_ms: int = 86_400_000
     """A node lost this long (and holding nothing) is forgotten: a decommissioned node does not
     stay in the registry forever. If it comes back, it joins as a new node."""
+    node_history_half_life_ms: int = 600_000
+    """How fast a node's instability (its losses, reboots and unheard spells) decays: placement
+    prefers the steadier of two nodes that tie on packing (docs/placement.md)."""
     # defragmentation (docs/placement.md)
     defrag_max_moves: int = 4
     """The most running replicas one defragmentation moves to make room for an unplaceable
@@ -171,9 +196,14 @@ class Timings:
             "failure_window_ms",
             "quarantine_after",
             "quarantine_for_ms",
+            "failure_half_life_ms",
+            "quarantine_score",
             "probe_interval_ms",
             "forget_lost_after_ms",
+            "node_history_half_life_ms",
             "lease_ms",
+            "mass_loss_hold_max_ms",
+            "eviction_window_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -184,16 +214,33 @@ class Timings:
             "defrag_max_moves",
             "defrag_moves_across_fabrics",
             "defrag_interval_ms",
+            "eviction_budget",
+            "eviction_fabric_budget",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
-        if self.node_suspect_after_ms > self.node_lost_after_ms:
-            raise ValueError("node_suspect_after must not exceed node_lost_after")
-        if self.heartbeat_interval_ms >= self.node_lost_after_ms:
-            raise ValueError("heartbeat_interval must be shorter than node_lost_after")
+        if problems := self.misordered():
+            raise ValueError(problems[0])
         for name in ("mass_loss_share", "mass_loss_quorum"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a share above 0 and at most 1")
+
+    def misordered(self) -> list[str]:
+        """The orderings between settings that do not hold, each as an error naming its keys
+        (empty: all hold). A heartbeat must come before the silence that makes a node suspect,
+        and suspicion before loss, or a healthy node turns suspect between two heartbeats; a
+        back-off's first step may not exceed its cap."""
+        out = []
+        if self.heartbeat_interval_ms >= self.node_suspect_after_ms:
+            out.append(
+                "heartbeat_interval must be shorter than node_suspect_after: a healthy node "
+                "would turn suspect between two heartbeats"
+            )
+        if self.node_suspect_after_ms >= self.node_lost_after_ms:
+            out.append("node_suspect_after must be shorter than node_lost_after")
+        if self.restart_backoff_ms > self.restart_backoff_max_ms:
+            out.append("restart_backoff must not exceed restart_backoff_max")
+        return out
 
     def start_deadline_ms(self, profile: Profile) -> int:
         """How long a replica of `profile` may take from placement to ready."""

@@ -37,6 +37,12 @@ class NodeRegistered:
     incarnation: int = 0
     failed_gpus: tuple[int, ...] = ()
     fabric_up: bool = True
+    heartbeat_interval_ms: int = 0
+    """How often the agent heartbeats (0: not said): one not shorter than the controller's
+    `node_suspect_after` gets `node.heartbeat_too_slow`, as its node would turn suspect between
+    heartbeats."""
+    version: int = 0
+    """The report's version within its incarnation (as a heartbeat's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,11 @@ class Heartbeat:
     incarnation: int = 0
     """The agent process's, as in its registration: a heartbeat of an older one (sent before a
     restart, delivered after) is ignored. 0: not said (an agent from before incarnations)."""
+    version: int = 0
+    """The report's version within the incarnation: the agent bumps it whenever its report
+    changes, so a report that arrives after a newer one of the same process (delayed on the
+    way) is stale: the controller hears the node alive by it and ignores its contents. 0: not
+    said (an agent from before report versions)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +221,9 @@ class EngineServing:
 
 @dataclass(frozen=True, slots=True)
 class EngineUnresponsive:
-    """The leader's health probe got no answer in time (its process is still alive); a later
-    `EngineServing` says it answers again."""
+    """A ready rank's probe got no answer in time (its process is still alive): a leader's
+    health endpoint, a worker's process (stopped); a later `EngineServing` (a leader) or
+    `EngineJoined` (a worker) says it answers again."""
 
     key: ShardKey
 

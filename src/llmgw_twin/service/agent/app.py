@@ -62,8 +62,8 @@ from llmgw_twin.service.agent.config import AgentSettings
 from llmgw_twin.service.agent.node_watch import NodeWatch, engines_on, poll_interval_ms
 from llmgw_twin.service.agent.shards import ShardRunner
 from llmgw_twin.service.common.auth import AgentKeys, CredentialFile
+from llmgw_twin.service.common.gate import guard
 from llmgw_twin.service.common.leaders import Controllers
-from llmgw_twin.service.common.limits import BodyLimit
 from llmgw_twin.service.common.replies import CONFLICT, ERRORS
 from llmgw_twin.service.common.serving import lifespan_of, not_before_wait_s
 from llmgw_twin.service.common.tls import client_verify
@@ -147,6 +147,7 @@ class AgentRuntime:
             shards=adopted,
             failed_gpus=tuple(sorted(self.watch.failed)),
             fabric_up=self.watch.links_up is not False,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
         )
         self._controller_transport = controller_transport
         self._client: httpx.AsyncClient | None = None
@@ -418,7 +419,7 @@ def create_agent_app(runtime: AgentRuntime) -> FastAPI:
         responses=ERRORS,
     )
     install_error_handlers(app)
-    app.add_middleware(BodyLimit)
+    guard(app, lambda request: _as_controller(request, None))  # before any body is read
     app.state.runtime = runtime
     controller = [Depends(_as_controller)]
 

@@ -31,12 +31,14 @@ from llmgw_twin.service.common.config_access import (
     Host,
     ListenC,
     client_tls,
+    listen_limits,
     relative,
     server_tls,
 )
+from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, ListenLimits
 from llmgw_twin.service.common.tls import ClientTls, ServerTls
 from llmgw_twin.service.common.wire import Name, Port, Text, Url, describe_errors
-from llmgw_twin.units import parse_size_mib
+from llmgw_twin.units import fmt_ms, parse_size_mib
 
 __all__ = ["AgentSettings", "ConfigError", "EngineBinary", "load_agent_config"]
 
@@ -128,6 +130,8 @@ class AgentSettings:
 
     controller_urls: tuple[str, ...] = ()
     """Every controller's address, `controller_url` first (docs/high-availability.md)."""
+    listen_limits: ListenLimits = DEFAULT_LISTEN_LIMITS
+    """The listener's connection cap, timeouts and head bound (`listener.py`)."""
 
     @property
     def engine_names(self) -> tuple[str, ...]:
@@ -143,6 +147,20 @@ class AgentSettings:
         if node == self.node and node not in peers:
             return self.engine_host
         return peers.get(node) or self.peer_address_default or node
+
+
+def _check_orderings(path: Path, f: AgentFile) -> None:
+    """The agent's waits that must come in order: a worker is judged ready once it stayed up for
+    `worker_settle`, so that must be shorter than `ready_timeout`, or every worker is stopped
+    as never ready. (How its heartbeat fits the controller's `node_suspect_after` the agent
+    cannot know: the controller says so when the agent registers, `node.heartbeat_too_slow`.)"""
+    settle = duration_setting(path, "worker_settle", f.worker_settle)
+    ready = duration_setting(path, "ready_timeout", f.ready_timeout, positive=True)
+    if settle >= ready:
+        raise ConfigError(
+            f"{path}: worker_settle: worker_settle ({fmt_ms(settle)}) must be shorter than "
+            f"ready_timeout ({fmt_ms(ready)}): every worker would be stopped as never ready"
+        )
 
 
 def load_agent_config(path: str | Path) -> AgentSettings:
@@ -167,6 +185,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         gpu_memory_mib = parse_size_mib(f.gpu_memory)
     except ValueError as e:
         raise ConfigError(f"{path}: gpu_memory: {e}") from None
+    _check_orderings(path, f)
     root = relative(path, f.root)
     credential = relative(path, f.credential) if f.credential is not None else None
     tls = server_tls(path, f.listen, secured=credential is not None, what="it needs a credential")
@@ -176,6 +195,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         controller_urls=tuple(dict.fromkeys(u.rstrip("/") for u in (f.controller, *f.controllers))),
         host=f.listen.host,
         port=f.listen.port,
+        listen_limits=listen_limits(path, f.listen),
         advertise_url=(
             f.advertise_url or f"{'https' if tls else 'http'}://{f.listen.host}:{f.listen.port}"
         ).rstrip("/"),

@@ -244,6 +244,10 @@ class NodeRegisteredW(Wire):
     agent_url: Url
     failed_gpus: Gpus = []
     fabric_up: Annotated[bool, Strict()] = True
+    heartbeat_interval_ms: Count = 0
+    """How often the agent heartbeats; 0: not said (an agent from before it was)."""
+    version: Count = 0
+    """The report's version within the incarnation; 0: not said (an agent from before it was)."""
 
     def to_core(self) -> p.NodeRegistered:
         failed = sorted(set(self.failed_gpus))
@@ -260,6 +264,8 @@ class HeartbeatW(Mirror[p.Heartbeat]):
     failed_gpus: Gpus = []
     fabric_up: Annotated[bool, Strict()] = True
     incarnation: Signed = 0
+    version: Count = 0
+    """The report's version within the incarnation; 0: not said (an older agent)."""
 
     def to_core(self) -> p.Heartbeat:
         return self._to(p.Heartbeat, failed_gpus=sorted(set(self.failed_gpus)))

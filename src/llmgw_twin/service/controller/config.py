@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, assert_never
 
-from pydantic import BaseModel, ConfigDict, Strict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from llmgw_twin.control.model import Deployment, ModelName, Profile, ProfileName, Timings
 from llmgw_twin.service.common.config import (
@@ -31,12 +31,14 @@ from llmgw_twin.service.common.config_access import (
     auth_settings,
     client_tls,
     limits_settings,
+    listen_limits,
     relative,
     server_tls,
 )
+from llmgw_twin.service.common.limits import MAX_ARGS, MAX_REPLICAS
+from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, ListenLimits
 from llmgw_twin.service.common.tls import ClientTls, ServerTls
 from llmgw_twin.service.common.wire import (
-    Count,
     Name,
     Positive,
     ProfileW,
@@ -45,7 +47,7 @@ from llmgw_twin.service.common.wire import (
 )
 from llmgw_twin.store.postgres import is_postgres_url
 from llmgw_twin.store.sqlite import EVENTS_KEPT
-from llmgw_twin.units import SettingKey, in_file_terms, parse_share, setting_keys
+from llmgw_twin.units import SettingKey, parse_share, setting_keys, timings_refusal
 
 __all__ = [
     "ConfigError",
@@ -70,13 +72,20 @@ class ProfileC(_Strict):
     model: Text
     load_time: Duration = "0"
     start_timeout: Duration | None = None
-    args: list[Annotated[str, Strict()]] = []
+    args: list[Annotated[str, Strict()]] = Field(default=[], max_length=MAX_ARGS)
 
 
 class DeploymentC(_Strict):
     model: Name
     profile: Name
-    replicas: Count
+    replicas: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)]
+    """As the API bounds a deployment's (`PUT /v1/admin/deployments/{model}`)."""
+
+
+MAX_PROFILES = MAX_DEPLOYMENTS = 1_000
+MAX_EVENTS_KEPT = 10_000_000
+MAX_TIMING_COUNT = 1_000_000
+"""A `timings` count (as scenario files bound theirs)."""
 
 
 class ControllerFile(_Strict):
@@ -84,12 +93,12 @@ class ControllerFile(_Strict):
     store: Text
     timings: dict[Annotated[str, Strict()], Any] = {}
     """Checked against `TIMING_KEYS` by `_timings`, so that the keys follow `Timings`."""
-    profiles: dict[Name, ProfileC] = {}
-    deployments: list[DeploymentC] = []
+    profiles: dict[Name, ProfileC] = Field(default={}, max_length=MAX_PROFILES)
+    deployments: list[DeploymentC] = Field(default=[], max_length=MAX_DEPLOYMENTS)
     auth: AuthC | None = None
     agents_tls: ClientTlsC | None = None
     limits: LimitsC = LimitsC()
-    events_kept: Positive = EVENTS_KEPT
+    events_kept: Annotated[int, Strict(), Field(ge=1, le=MAX_EVENTS_KEPT)] = EVENTS_KEPT
     name: Name = "c1"
     """This controller's name in the store's lease (docs/high-availability.md): unique among the
     controllers that share one store."""
@@ -112,6 +121,8 @@ class ControllerSettings:
     """How many of the newest events the event log keeps, in the store and in memory."""
     name: str = "c1"
     """This controller's name in the store's lease."""
+    listen_limits: ListenLimits = DEFAULT_LISTEN_LIMITS
+    """The listener's connection cap, timeouts and head bound (`listener.py`)."""
 
 
 def _timings(path: Path, raw: dict[str, Any]) -> Timings:
@@ -128,12 +139,17 @@ def _timings(path: Path, raw: dict[str, Any]) -> Timings:
         if value is not None:
             values[key.attr] = _setting(path, f"timings.{name}", key, value)
     defaults = Timings()
+    written = [by_key[name].key for name in raw if raw[name] is not None]
     lost = int(values.setdefault("node_lost_after_ms", defaults.node_lost_after_ms))
     values.setdefault("node_suspect_after_ms", max(1, lost // 2))
     try:
         return replace(defaults, **values)
     except ValueError as e:
-        raise ConfigError(f"{path}: timings: {in_file_terms(str(e), TIMING_KEYS)}") from None
+        # one value against another (a heartbeat not shorter than the suspicion, ...): the
+        # first key named that the file wrote, and every value named
+        text, at = timings_refusal(str(e), TIMING_KEYS, values, written)
+        where = f"timings.{at}" if at is not None else "timings"
+        raise ConfigError(f"{path}: {where}: {text}") from None
 
 
 def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | float:
@@ -149,6 +165,10 @@ def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | fl
                 raise ConfigError(f"{path}: {where}: expected a whole number, got {value!r}")
             if value < key.minimum:
                 raise ConfigError(f"{path}: {where}: must be at least {key.minimum}, got {value}")
+            if value > MAX_TIMING_COUNT:
+                raise ConfigError(
+                    f"{path}: {where}: must be at most {MAX_TIMING_COUNT}, got {value}"
+                )
             return value
         case "share":
             if not (isinstance(value, str) or plain_number):
@@ -159,6 +179,17 @@ def _setting(path: Path, where: str, key: SettingKey, value: object) -> int | fl
                 raise ConfigError(f"{path}: {where}: {e}") from None
         case _:
             assert_never(key.kind)
+
+
+def _store_file(path: Path, value: str) -> str:
+    """The SQLite store's file: one that may be opened (or made), named here when it cannot
+    (SQLite itself would say only "unable to open database file")."""
+    store = relative(path, value)
+    if store.is_dir():
+        raise ConfigError(f"{path}: store: {store} is a directory, not a database file")
+    if not store.parent.is_dir():
+        raise ConfigError(f"{path}: store: {store}: the folder {store.parent} does not exist")
+    return str(store)
 
 
 def load_controller_config(path: str | Path) -> ControllerSettings:
@@ -198,7 +229,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         if any(d.model == dc.model for d in deployments):
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
         deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
-    store = f.store if is_postgres_url(f.store) else str(relative(path, f.store))
+    store = f.store if is_postgres_url(f.store) else _store_file(path, f.store)
     auth = auth_settings(path, f.auth, store)
     tls = server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
     return ControllerSettings(
@@ -214,4 +245,5 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         limits=limits_settings(path, f.limits),
         events_kept=f.events_kept,
         name=f.name,
+        listen_limits=listen_limits(path, f.listen),
     )

@@ -14,6 +14,7 @@ stays alive and answers nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, assert_never
 
 import simpy
@@ -94,6 +95,13 @@ class SimNode:
         self.next_beat: simpy.Event | None = None
         """The agent's pending heartbeat timer (None while dead or coasting)."""
         self.next_beat_at = 0
+        self.slow: list[Fraction] = []
+        """The slowdowns under way (`slow_node`): its engines run the slowest's times slower."""
+
+    def slowed(self, ms: int) -> int:
+        """`ms` of an engine's work here, at the node's pace now (rounded up)."""
+        factor = max(self.slow, default=Fraction(1))
+        return -(-ms * factor.numerator // factor.denominator)
 
     @property
     def name(self) -> NodeId:
@@ -123,6 +131,7 @@ class SimNode:
             shards=shards,
             failed_gpus=failed,
             fabric_up=self.world.network.fabric_link_up(self.name),
+            heartbeat_interval_ms=self.world.timings.heartbeat_interval_ms,
         )
         self.world.send_to_controller(self.name, self.core.registration())
         interval = self.world.timings.heartbeat_interval_ms
@@ -233,7 +242,7 @@ class SimNode:
         if any((self.name, g) in self.world.failed_gpus for g in spec.gpus):
             self.kill_engine(spec.key, PEER_LOST_EXIT_CODE)  # a failed GPU: it dies at once
             return
-        self.world.later(spec.load_time_ms, lambda: self._loaded(engine))
+        self.world.later(self.slowed(spec.load_time_ms), lambda: self._loaded(engine))
         if spec.rank == 0:
             for worker in self.world.waiting.pop(spec.replica, []):
                 worker.node._try_join(worker)
