@@ -18,6 +18,7 @@ from llmgw_twin.control.protocol import (
     NodeRegistered,
 )
 from llmgw_twin.control.stability import FLOOR, Stability
+from llmgw_twin.service.ops.ctl_fleet import render_explain
 from test_defrag import report
 
 N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
@@ -163,3 +164,24 @@ def test_a_replacement_avoids_the_node_that_was_lost_and_explain_says_why() -> N
     assert verdicts[N1]["verdict"].startswith("passed over")
     assert "1 loss(es)" in verdicts[N1]["history"] and "1 reboot(s)" in verdicts[N1]["history"]
     assert 1.4 < verdicts[N2]["instability"] <= 1.5  # unheard, then lost, just now
+    text = render_explain(why)  # what `ctl explain` prints
+    assert "n1: passed over when the packing ties" in text and "1 reboot(s)" in text
+    assert "n3: preferred: a stable recent history" in text
+
+
+def test_explain_names_the_unstable_candidates_of_a_pending_replica() -> None:
+    ctl = Controller(T)
+    ctl.handle(ApplyProfile(profile("wide", nodes=3, gpus=8)), 0)
+    for name in ("n1", "n2"):
+        ctl.handle(NodeRegistered(node(name, "ib-a"), incarnation=1), 0)
+    ctl.handle(ApplyDeployment(Deployment(model("wide"), ProfileName("wide"), 1)), 0)
+    ctl.tick(1_000)
+    ctl.capacity.stability.mark(N2, "lost", 1_000)
+    (pending,) = ctl.pending_ids()
+    why = explain(ctl, pending)
+    assert why is not None
+    (fabric,) = why["fabrics"]
+    assert fabric["candidate_nodes"] == [N1, N2]
+    assert list(fabric["unstable"]) == [N2]
+    assert fabric["unstable"][N2].startswith("instability 1.00: 1 loss(es)")
+    assert "n2 taken last on a tie: instability 1.00" in render_explain(why)
