@@ -152,6 +152,10 @@ def test_top_level_help_lists_every_command_grouped_one_line_each(
         assert rows[0].rstrip().endswith(c.help), rows[0]
     assert "clear-gpu" not in out, "an alias is listed nowhere"
     assert "invalid choice" not in out
+    assert main(["--version"]) == 0
+    assert re.fullmatch(r"llmgw-twin \S+\n", capsys.readouterr().out)
+    assert main([]) == 2, "no command: the same list, and exit 2"
+    assert capsys.readouterr().out == out
 
 
 @pytest.mark.parametrize(

@@ -33,12 +33,9 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    from llmgw_twin import __version__  # the installed metadata's: looked up only here
-
     run = argparse.ArgumentParser(
         prog="llmgw-twin run", description=commands.BY_WORDS[commands.RUN].help
     )
-    run.add_argument("--version", action="version", version=f"llmgw-twin {__version__}")
     run.add_argument("files", nargs="+", metavar="FILE")
     run.add_argument("--json", action="store_true", help="one JSON report per file, one per line")
     run.add_argument("--seed", type=int, help="override the scenarios' seed")
@@ -259,7 +256,10 @@ def _dispatch(args: list[str]) -> int:
         print(commands.top_help(__version__))
         return EXIT_OK if args else EXIT_INVALID
     if args == ["--version"]:
-        return cmd_run(_run_parser().parse_args(args))  # argparse's version action
+        from llmgw_twin import __version__  # the installed metadata's: looked up only here
+
+        print(f"llmgw-twin {__version__}")
+        return EXIT_OK
     where = commands.unknown(args)
     if isinstance(where, str):
         print(f"error: {where}", file=sys.stderr)
