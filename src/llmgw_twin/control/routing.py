@@ -14,12 +14,18 @@ applies the change in that step.
 A router that lost the stream and finds a new controller process (`resync`) takes that
 controller's snapshot: ready replicas join, replicas gone from it leave, and a replica the new
 controller has restored but not yet judged (`adopting`) keeps the entry the router had: it was
-serving when the old controller last spoke, and the new one will say `adopted` or `failed`.
+serving when the old controller last spoke, and the new one will say `adopted` or `failed`. A
+node of such a replica going silent takes it out all the same, whatever its state: the
+controller says `replica.unroutable` for an adopting replica as for a ready one, and leaves it
+out of its snapshot while a node of it is silent.
 
 Picking (`pick`): among the model's routable replicas that are neither ejected nor at the
 outstanding limit, the one with the fewest requests in flight; ties go to the replica picked
 least recently (one never picked first, then the smallest id), so a run is deterministic and
-sequential traffic still takes turns. Passive ejection works without the controller: a
+sequential traffic still takes turns. A pick costs O(log n) in the model's replicas: each model
+keeps its candidates in a heap by that key, every change of a key pushes it anew, and an entry
+is checked when it comes out (a scan of every replica per pick made the twin's once-a-second
+probe most of a long run's cost). Passive ejection works without the controller: a
 replica whose requests fail `Ejection.failures` times in a row leaves the pick for a back-off
 that doubles at each ejection in a row (up to `max_ms`); back from one, its first failure ejects
 it again; a success clears its record. The caller tells the outcome of every pick (`finished`).
@@ -30,6 +36,7 @@ Pure: times are integer milliseconds handed in by the shell.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -99,12 +106,13 @@ class SnapshotEntry:
 
 def snapshot_of(records: Iterable[ReplicaRecord]) -> tuple[SnapshotEntry, ...]:
     """What a controller tells a router that (re)joins its stream: its routable replicas, and
-    the ones it restored and has not judged yet. Every other replica is out of routing."""
+    the ones it restored and has not judged yet while none of their nodes is silent. Every other
+    replica is out of routing."""
     out = []
     for rec in records:
         if rec.state is ReplicaState.READY and rec.routed_endpoint is not None:
             out.append(SnapshotEntry(rec.model, rec.id, SnapshotState.READY, rec.routed_endpoint))
-        elif rec.state is ReplicaState.ADOPTING:
+        elif rec.state is ReplicaState.ADOPTING and not rec.unroutable:
             out.append(SnapshotEntry(rec.model, rec.id, SnapshotState.ADOPTING, rec.endpoint))
     out.sort(key=lambda e: e.replica)
     return tuple(out)
@@ -129,10 +137,20 @@ class _Health:
     ejected_until: int | None = None
 
 
+Key = tuple[int, int, ReplicaId]
+"""A replica's place in the pick: (requests in flight, last pick, id), smallest first."""
+
+
 @dataclass(slots=True)
 class _Model:
     endpoints: dict[ReplicaId, str] = field(default_factory=dict)
     order: list[ReplicaId] = field(default_factory=list)  # sorted ids
+    heap: list[Key] = field(default_factory=list)
+    """The pick's candidates by key. An entry is checked when it comes out: one whose replica
+    left, is ejected or at the limit, or whose key changed since (a newer entry was pushed) is
+    dropped, so every change pushes and nothing is searched."""
+    ejected: list[tuple[int, ReplicaId]] = field(default_factory=list)
+    """(ejected until, replica), soonest first: back into the pick when the time comes."""
 
 
 class Router:
@@ -186,6 +204,21 @@ class Router:
             bisect.insort(table.order, rid)
         table.endpoints[rid] = endpoint
         self._model_of[rid] = model
+        health = self._health.get(rid)
+        if health is not None and health.ejected_until is not None:
+            heapq.heappush(table.ejected, (health.ejected_until, rid))
+        else:
+            self._push(table, rid)
+
+    def _key(self, rid: ReplicaId) -> Key:
+        health = self._health.get(rid)
+        return (0, -1, rid) if health is None else (health.outstanding, health.last_pick, rid)
+
+    def _push(self, table: _Model, rid: ReplicaId) -> None:
+        heapq.heappush(table.heap, self._key(rid))
+        if len(table.heap) > 2 * len(table.order) + 64:  # mostly stale: keep it O(replicas)
+            table.heap = [self._key(r) for r in table.order]
+            heapq.heapify(table.heap)
 
     def _leave(self, rid: ReplicaId) -> None:
         model = self._model_of.pop(rid, None)
@@ -232,34 +265,48 @@ class Router:
         table = self._models.get(model)
         if table is None or not table.order:
             return None
+        self._back_from_ejection(table, now_ms)
         skip = set(exclude)
-        best: tuple[int, int, ReplicaId] | None = None
-        for rid in table.order:
-            if rid in skip:
-                continue
+        limit = self.outstanding_limit
+        passed: list[Key] = []  # excluded by the caller: back in the heap after
+        chosen: ReplicaId | None = None
+        while table.heap:
+            key = heapq.heappop(table.heap)
+            rid = key[2]
+            if rid not in table.endpoints or key != self._key(rid):
+                continue  # left, or a newer entry holds its key
             health = self._health.get(rid)
-            if health is None:
-                key = (0, -1, rid)
-            else:
-                if health.ejected_until is not None:
-                    if health.ejected_until > now_ms:
-                        continue
-                    health.ejected_until = None  # back, on probation
-                    health.failures = self.ejection.failures - 1
-                limit = self.outstanding_limit
-                if limit is not None and health.outstanding >= limit:
-                    continue
-                key = (health.outstanding, health.last_pick, rid)
-            if best is None or key < best:
-                best = key
-        if best is None:
+            if health is not None and health.ejected_until is not None:
+                continue  # in the ejected heap until its time comes
+            if limit is not None and key[0] >= limit:
+                continue  # pushed again when a request of it finishes
+            if rid in skip:
+                passed.append(key)
+                continue
+            chosen = rid
+            break
+        for key in passed:
+            heapq.heappush(table.heap, key)
+        if chosen is None:
             return None
-        rid = best[2]
-        health = self._health.setdefault(rid, _Health())
+        health = self._health.setdefault(chosen, _Health())
         health.outstanding += 1
         health.last_pick = self._picks
         self._picks += 1
-        return Route(rid, table.endpoints[rid])
+        self._push(table, chosen)
+        return Route(chosen, table.endpoints[chosen])
+
+    def _back_from_ejection(self, table: _Model, now_ms: int) -> None:
+        """Every replica of the table whose ejection ended by `now_ms` is back, on probation:
+        its next failure ejects it again."""
+        while table.ejected and table.ejected[0][0] <= now_ms:
+            until, rid = heapq.heappop(table.ejected)
+            health = self._health.get(rid)
+            if health is None or health.ejected_until != until or rid not in table.endpoints:
+                continue
+            health.ejected_until = None
+            health.failures = self.ejection.failures - 1
+            self._push(table, rid)
 
     def why_none(
         self, model: ModelName, now_ms: int = 0, exclude: Iterable[ReplicaId] = ()
@@ -294,6 +341,13 @@ class Router:
                 health.failures = 0
                 self.ejections += 1
                 ejected = True
-        if rid not in self._model_of and health.outstanding == 0:
-            del self._health[rid]
+        model = self._model_of.get(rid)
+        if model is None:
+            if health.outstanding == 0:
+                del self._health[rid]
+        elif ejected:
+            assert health.ejected_until is not None
+            heapq.heappush(self._models[model].ejected, (health.ejected_until, rid))
+        elif health.ejected_until is None:
+            self._push(self._models[model], rid)
         return ejected
