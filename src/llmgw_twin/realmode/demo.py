@@ -113,11 +113,8 @@ class Demo:
             r.raise_for_status()
             state = await self._until(client, _ready, f"a ready replica of {MODEL}")
             self._show(state)
-            while True:  # until a stop signal cancels this task
+            while True:  # until a stop signal cancels this task (`main` then ends it all)
                 await self._events(client)
-                for node in sorted(c.nodes):  # a `kill -9`ed agent's engines are swept too
-                    if c.nodes[node].proc is not None:
-                        c.remember_groups(node)
                 await asyncio.sleep(POLL_S)
 
     async def _state(self, client: httpx.AsyncClient) -> dict[str, Any] | None:
@@ -217,7 +214,7 @@ def main(_args: argparse.Namespace) -> int:
                     stopper.stopping = True
                     say("stopping every process the demo started")
                     left = await demo.cluster.stop_all()
-                    sweep(keeper.mark)
+                    sweep(keeper.mark)  # what a `kill -9`ed agent left: its engines, sidecars
                     if left:
                         failed.append(f"process groups {left} did not stop")
 
