@@ -200,6 +200,8 @@ def test_an_unknown_word_with_nothing_near_still_says_where_the_list_is(
     err = capsys.readouterr().err
     assert "unknown command 'xyzzy'" in err and "`llmgw-twin --help` lists them" in err
     assert "did you mean" not in err
+    assert main(["--bogus"]) == 2
+    assert "unknown option '--bogus'" in capsys.readouterr().err
 
 
 def test_one_name_per_action_the_old_name_still_runs(capsys: pytest.CaptureFixture[str]) -> None:

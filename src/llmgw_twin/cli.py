@@ -265,6 +265,13 @@ def _dispatch(args: list[str]) -> int:
         print(f"error: {where}", file=sys.stderr)
         return EXIT_INVALID
     rest = args[len(where) :]
+    if not where:  # an option before any command: `llmgw-twin -x`
+        print(
+            f"error: llmgw-twin: unknown option {rest[0]!r}; "
+            "`llmgw-twin --help` lists the commands",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
     print(commands.namespace_help(where))
     if rest and rest[0] not in ("-h", "--help"):
         print(
