@@ -151,7 +151,7 @@ def test_the_tables_say_what_the_state_says(
     head, fabrics, nodes, models, pending = _blocks(capsys.readouterr().out)
     assert head == [
         "4 nodes in 2 fabrics; 4 live replicas of 2 deployments; mass-loss hold: off; "
-        "leader c1 in epoch 1"
+        "leader c1 in epoch 1; standbys: none"
     ]
     by_node = {n["node"]: n for n in state["nodes"]}
     used = {

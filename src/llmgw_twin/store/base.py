@@ -181,6 +181,16 @@ class SqlStore(ABC):
                 raise StoreError(f"{self.path}: events row {seq}: {err}") from err
         return first, out
 
+    def put_controller(self, name: str, url: str) -> None:
+        """A controller says where it is reached, now in the store's time (a standby at each
+        claim it tries, the leader at each renewal)."""
+        self._transaction(lambda: upsert(self._exec, "controllers", (name, url, self.now_ms())))
+
+    def controllers(self) -> list[tuple[str, str, int]]:
+        """(name, url, last said, in the store's time) of every controller that said so."""
+        rows = self._exec("SELECT name, url, seen_ms FROM controllers ORDER BY name").fetchall()
+        return [(str(n), str(u), int(t)) for n, u, t in rows]
+
     def put_agent_url(self, node: NodeId, url: str) -> None:
         """Remember where a node's agent listens, so a restarted controller can reach it."""
         self._transaction(lambda: upsert(self._exec, "agent_urls", (node, url)))

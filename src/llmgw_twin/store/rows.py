@@ -79,6 +79,7 @@ COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lease": (("id",), ("holder", "epoch", "expires_ms")),
     "model_failures": (("model",), ("times",)),
     "node_failures": (("node", "profile"), ("times",)),
+    "controllers": (("name",), ("url", "seen_ms")),
 }
 """Each table's key columns and other columns, in the order of its row (`schema.py`)."""
 

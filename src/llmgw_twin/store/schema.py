@@ -59,5 +59,11 @@ MIGRATIONS: tuple[str, ...] = (
         node TEXT NOT NULL, profile TEXT NOT NULL, times TEXT NOT NULL, PRIMARY KEY (node, profile)
     );
     """,
+    # 9: the controllers that share the store, where each is reached and when it last said so
+    # (in the store's time), so a standby can say where the leader is and `ctl status` can list
+    # the standbys
+    """
+    CREATE TABLE controllers (name TEXT PRIMARY KEY, url TEXT NOT NULL, seen_ms INTEGER NOT NULL);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -156,7 +156,12 @@ class ControllerRuntime(AdminCalls):
             self.store, self._carry_out, fatal, epoch=lambda: self.leadership.epoch
         )
         self.leadership = Leadership(
-            self.store, settings.name, settings.timings.lease_ms, self.committer.run, fatal
+            self.store,
+            settings.name,
+            settings.timings.lease_ms,
+            self.committer.run,
+            fatal,
+            url=settings.advertise_url,
         )
         self.delivery = Delivery(
             self._agent_urls,
@@ -171,6 +176,10 @@ class ControllerRuntime(AdminCalls):
         self.lag = LagMonitor(self._lagged, self.histograms.loop_lateness)
         self.gc_pauses: GcPauses | None = None
         """Set by the controller process (`main.py`), not by one runtime among many."""
+
+    def fail(self, message: str) -> None:
+        """Stop the process (as a failed commit does): it cannot go on."""
+        self._fatal(message)
 
     def now_ms(self) -> int:
         return self._epoch0_ms + (time.monotonic_ns() - self._t0_ns) // 1_000_000
@@ -269,6 +278,7 @@ class ControllerRuntime(AdminCalls):
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
+            await self.lag.catch_up()  # a late tick judges no silence the core has not excused
             async with self._lock:
                 self._wake_at = None
                 try:
@@ -424,10 +434,19 @@ class ControllerRuntime(AdminCalls):
             }
         )
         lease = self.store.lease()
+        store_now = self.store.now_ms()
         out["leadership"] = {
             "name": self.leadership.name,
             "epoch": self.leadership.epoch,
             "lease_expires_ms": lease.expires_ms if lease is not None else None,
+            "url": self.leadership.url or None,
+            # the others that said within a lease where they are reached: standbys, alive
+            "standbys": [
+                {"name": p.name, "url": p.url, "seen_ms_ago": store_now - p.seen_ms}
+                for p in self.leadership.peers()
+                if p.name != self.leadership.name
+                and store_now - p.seen_ms <= self.settings.timings.lease_ms
+            ],
         }
         if self.keys is not None:
             out["credentials"] = [

@@ -7,6 +7,7 @@ and `deployments` have exactly a scenario's shape (the same `Timings` keys a loa
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, assert_never
@@ -43,6 +44,7 @@ from llmgw_twin.service.common.wire import (
     Positive,
     ProfileW,
     Text,
+    Url,
     describe_errors,
 )
 from llmgw_twin.store.postgres import is_postgres_url
@@ -102,6 +104,9 @@ class ControllerFile(_Strict):
     name: Name = "c1"
     """This controller's name in the store's lease (docs/high-availability.md): unique among the
     controllers that share one store."""
+    advertise_url: Url | None = None
+    """Where agents, routers and `ctl` reach this controller: what a standby names when it
+    points at the leader. Default: the listen address (this host's name for a wildcard one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,8 @@ class ControllerSettings:
     """How many of the newest events the event log keeps, in the store and in memory."""
     name: str = "c1"
     """This controller's name in the store's lease."""
+    advertise_url: str = ""
+    """Where the others' clients reach this controller (`advertise_url` in the file)."""
     listen_limits: ListenLimits = DEFAULT_LISTEN_LIMITS
     """The listener's connection cap, timeouts and head bound (`listener.py`)."""
 
@@ -246,4 +253,16 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         events_kept=f.events_kept,
         name=f.name,
         listen_limits=listen_limits(path, f.listen),
+        advertise_url=(f.advertise_url or default_url(f.listen.host, f.listen.port, tls)).rstrip(
+            "/"
+        ),
     )
+
+
+def default_url(host: str, port: int, tls: ServerTls | None) -> str:
+    """The listen address as a client would write it: this host's name for a wildcard."""
+    if host in ("0.0.0.0", "::", ""):  # noqa: S104 - naming it, not binding it
+        host = socket.getfqdn()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if tls is not None else 'http'}://{host}:{port}"

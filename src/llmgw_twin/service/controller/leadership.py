@@ -10,6 +10,11 @@ supervisor starts it again as a standby. Every commit is conditional on `epoch` 
 and every command carries it (`Delivery`), so even a process frozen past its deadline (SIGSTOP,
 a VM pause) acts on nothing when it wakes: its commits are refused, its commands too.
 
+Each controller also says in the store where it is reached (`url`) at every claim it tries and
+every renewal; a standby keeps what it last read of the lease and of those addresses
+(`LeaderView`), so that it can answer every call with where the leader is (`standby.py`) and
+the leader can list the standbys that are alive (`controllers`).
+
 The store's time is the store's own (`SqlStore.now_ms`): PostgreSQL's server clock, or for
 SQLite the wall clock of the machine that holds the file; expiry is the store's to decide, never
 a controller's.
@@ -21,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from llmgw_twin.control.lease import Lease, LeaseTimes
@@ -32,6 +38,26 @@ T = TypeVar("T")
 Run = Callable[..., Awaitable[object]]
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderView:
+    """Who leads, as a standby last read it from the store."""
+
+    name: str
+    epoch: int
+    url: str | None
+    """Where it said it is reached (None: it has not said)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A controller sharing the store, as the store last heard of it."""
+
+    name: str
+    url: str
+    seen_ms: int
+    """When it last claimed or renewed, in the store's time."""
+
+
 class Leadership:
     def __init__(
         self,
@@ -40,9 +66,14 @@ class Leadership:
         lease_ms: int,
         run: Run,
         fatal: Callable[[str], None],
+        url: str = "",
     ) -> None:
-        """`run(fn, *args)` calls the store alone, off the event loop (`Committer.run`)."""
+        """`run(fn, *args)` calls the store alone, off the event loop (`Committer.run`);
+        `url`: where the other controllers' clients reach this one."""
         self.name = name
+        self.url = url
+        self.leader: LeaderView | None = None
+        """While a standby: the leader as last read (None: none yet, or this one leads)."""
         self.times = LeaseTimes(lease_ms)
         self._store = store
         self._run = run
@@ -61,23 +92,47 @@ class Leadership:
             got = await self._claim_now(lease_ms)
             if isinstance(got, Lease):
                 self.epoch, self._renewed = got.epoch, started
+                self.leader = None
                 log.info("controller %s leads, in epoch %d", self.name, got.epoch)
                 return got.epoch
+            if isinstance(got, LeaderView):
+                self.leader = got
             if not waited:
-                held = self._store.lease()
-                holder = held.holder if held is not None else "another controller"
-                log.info("controller %s is a standby: %s leads", self.name, holder)
+                holder = self.leader.name if self.leader is not None else "another controller"
+                where = f" at {self.leader.url}" if self.leader and self.leader.url else ""
+                log.info("controller %s is a standby: %s leads%s", self.name, holder, where)
                 waited = True
             await asyncio.sleep(self.times.retry_every_ms / 1000)
 
     def _claim_now(self, lease_ms: int) -> Awaitable[object]:
+        """The lease if it is ours now, else who holds it (in the worker thread)."""
         store = self._store
-        return self._run(lambda: store.claim_lease(self.name, store.now_ms(), lease_ms))
+
+        def claim() -> Lease | LeaderView | None:
+            if self.url:
+                store.put_controller(self.name, self.url)
+            got = store.claim_lease(self.name, store.now_ms(), lease_ms)
+            if got is not None:
+                return got
+            held = store.lease()
+            if held is None:
+                return None
+            urls = {name: url for name, url, _ in store.controllers()}
+            return LeaderView(held.holder, held.epoch, urls.get(held.holder))
+
+        return self._run(claim)
 
     def _renew_now(self, lease_ms: int) -> Lease:
         """Renew at the store's time (read from the store, in the worker thread)."""
         assert self.epoch is not None
-        return self._store.renew_lease(self.name, self.epoch, self._store.now_ms(), lease_ms)
+        got = self._store.renew_lease(self.name, self.epoch, self._store.now_ms(), lease_ms)
+        if self.url:
+            self._store.put_controller(self.name, self.url)
+        return got
+
+    def peers(self) -> list[Peer]:
+        """Every controller that said where it is reached, and when (a blocking read)."""
+        return [Peer(*row) for row in self._store.controllers()]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew_loop())

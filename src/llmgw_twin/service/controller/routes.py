@@ -30,7 +30,6 @@ from llmgw_twin.service.common.gate import guard
 from llmgw_twin.service.common.limits import MAX_INT
 from llmgw_twin.service.common.metrics import add_metrics_route
 from llmgw_twin.service.common.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
-from llmgw_twin.service.common.serving import lifespan_of
 from llmgw_twin.service.common.wire import (
     NAME_PATTERN,
     DeploymentW,
@@ -40,6 +39,7 @@ from llmgw_twin.service.common.wire import (
     ReportReplyW,
     install_error_handlers,
 )
+from llmgw_twin.service.controller import standby
 from llmgw_twin.service.controller.app import EVENTS_PAGE, ControllerRuntime
 from llmgw_twin.service.controller.fastpath import HeartbeatFastPath
 from llmgw_twin.service.controller.operator_api import add_operator_routes
@@ -125,7 +125,7 @@ than a heartbeat's own work does, and the controller exports nothing to OpenTele
 def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     app = FastAPI(
         title="llmgw-twin controller",
-        lifespan=lifespan_of(runtime),
+        lifespan=standby.lifespan(runtime),
         responses=ERRORS,
         telemetry=NO_TELEMETRY,
     )
@@ -135,6 +135,8 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     app.add_middleware(HeartbeatFastPath, runtime=runtime)
     # outside it, credentials from the headers, before any body is read (`gate.py`)
     guard(app, _gate, limit=limits.body_bytes, inference_limit=limits.inference_body_bytes)
+    # outermost: a controller that does not lead answers every call with where the leader is
+    app.add_middleware(standby.StandbyGate, runtime=runtime)
     app.state.runtime = runtime
     admin = [Depends(_as_admin)]
     client = [Depends(_as_client)]

@@ -39,7 +39,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--controller",
         default=DEFAULT_CONTROLLER,
-        help=f"the controller's base URL (default {DEFAULT_CONTROLLER})",
+        help=f"the controller's base URL, or every controller's, comma-separated: the leader "
+        f"answers, standbys point at it (default {DEFAULT_CONTROLLER})",
     )
     parser.add_argument(
         "--token-file", type=Path, help=f"a file holding the admin token (else ${TOKEN_ENV})"
@@ -129,17 +130,17 @@ def _request(
     body: dict[str, Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """(0 accepted, 1 refused, 2 unreachable) and the answer's body; refusals are printed."""
-    url = str(args.controller).rstrip("/") + path
+    bases = [u.strip().rstrip("/") for u in str(args.controller).split(",") if u.strip()]
     try:
         verify = ClientTls(args.ca, args.cert, args.key or args.cert).context()
         headers = _headers(args)
         with httpx.Client(timeout=TIMEOUT_S, trust_env=False, verify=verify) as client:
-            reply = client.request(method, url, params=params, json=body, headers=headers)
+            reply = _to_leader(client, bases, method, path, params, body, headers)
     except (CtlError, OSError) as e:  # ssl.SSLError is an OSError
         print(f"error: {e}", file=sys.stderr)
         return 2, {}
     except httpx.HTTPError as e:
-        print(f"error: cannot reach the controller at {url}: {e}", file=sys.stderr)
+        print(f"error: cannot reach the controller at {e.request.url}: {e}", file=sys.stderr)
         return 2, {}
     try:
         answer = reply.json()
@@ -153,6 +154,57 @@ def _request(
     if hint := refusal_hint(args, reply.status_code):
         print(f"hint: {hint}", file=sys.stderr)
     return 1, answer
+
+
+def _to_leader(
+    client: httpx.Client,
+    bases: list[str],
+    method: str,
+    path: str,
+    params: dict[str, str] | None,
+    body: dict[str, Any] | None,
+    headers: dict[str, str],
+) -> httpx.Response:
+    """The call at each address in turn until a controller that leads answers: one that cannot
+    be reached is passed over, a standby's answer (503 naming the leader) sends the call to the
+    leader it names next. The last answer when none leads; the last failure when none answers."""
+    queue, tried = list(bases), set()
+    reply: httpx.Response | None = None
+    failure: httpx.HTTPError | None = None
+    while queue:
+        base = queue.pop(0)
+        if base in tried:
+            continue
+        tried.add(base)
+        try:
+            reply = client.request(method, base + path, params=params, json=body, headers=headers)
+        except httpx.HTTPError as e:
+            failure = e
+            continue
+        leader = _standby_points_at(reply)
+        if leader is None:
+            return reply
+        if leader and leader not in tried:
+            queue.insert(0, leader)
+    if reply is not None:
+        return reply
+    assert failure is not None
+    raise failure
+
+
+def _standby_points_at(reply: httpx.Response) -> str | None:
+    """The leader's address when `reply` is a standby's (`controller/standby.py`), else None;
+    "" for a standby that knows of no leader's address."""
+    if reply.status_code != 503:
+        return None
+    try:
+        leader = reply.json().get("leader", False)
+    except (ValueError, AttributeError):
+        return None
+    if leader is False:
+        return None
+    url = leader.get("url") if isinstance(leader, dict) else None
+    return url.rstrip("/") if isinstance(url, str) else ""
 
 
 def _call(

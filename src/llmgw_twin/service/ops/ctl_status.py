@@ -60,6 +60,8 @@ def header(state: dict[str, Any]) -> str:
         parts.append(f"{len(quarantines)} quarantines")
     if lead := state.get("leadership"):
         parts.append(f"leader {lead.get('name')} in epoch {lead.get('epoch')}")
+        standbys = [s.get("name") for s in lead.get("standbys") or []]
+        parts.append(f"standbys: {', '.join(map(str, standbys)) or 'none'}")
     return "; ".join(parts)
 
 
