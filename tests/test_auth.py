@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from helpers.services import FAST, eventually, node_info
 from llmgw_twin.control.model import ShardReport, ShardSpec, ShardState
@@ -452,6 +453,7 @@ def test_a_controller_config_on_another_address_with_auth_and_tls_or_explicit_pl
     from llmgw_twin.service.controller.config import load_controller_config
 
     auth = f"auth: {{admin_tokens: ['{HASH}']}}\n"
+    write_certificate(tmp_path / "c.pem", tmp_path / "c.key")
     (tmp_path / "c.yaml").write_text(
         "store: c.db\nlisten: {host: 10.1.2.3, port: 8080, tls: {cert: c.pem, key: c.key}}\n" + auth
     )
@@ -465,6 +467,13 @@ def test_a_controller_config_on_another_address_with_auth_and_tls_or_explicit_pl
     assert load_controller_config(tmp_path / "c.yaml").tls is None
 
 
+def write_certificate(cert: Path, key: Path) -> None:
+    """A certificate and its key, as a config's TLS names them (they are read when it is)."""
+    issued = trustme.CA().issue_cert("10.1.2.3")
+    issued.cert_chain_pems[0].write_to_path(cert)
+    issued.private_key_pem.write_to_path(key)
+
+
 def test_an_agent_on_another_address_needs_a_credential(tmp_path: Path) -> None:
     from llmgw_twin.service.common.config import ConfigError
 
@@ -472,6 +481,7 @@ def test_an_agent_on_another_address_needs_a_credential(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(base + "listen: {host: 0.0.0.0, port: 8100}\n")
     with pytest.raises(ConfigError, match="so it needs a credential"):
         load_agent_config(tmp_path / "a.yaml")
+    write_certificate(tmp_path / "a", tmp_path / "b")
     (tmp_path / "a.yaml").write_text(
         base + "credential: n1.cred\nlisten: {host: 0.0.0.0, port: 8100, tls: {cert: a, key: b}}\n"
     )

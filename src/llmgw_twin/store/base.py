@@ -91,10 +91,20 @@ class SqlStore(ABC):
         try:
             out = work()
             self._exec("COMMIT")
-        except BaseException:
-            self._exec("ROLLBACK")
+        except BaseException as e:
+            self._rollback(e)
             raise
         return out
+
+    def _rollback(self, cause: BaseException) -> None:
+        """Undo the transaction `cause` broke off, if the database has not already: SQLite ends
+        one itself on some errors (a full disk, an I/O error), and a ROLLBACK then fails with an
+        error of its own ("no transaction is active") that would hide the one saying what went
+        wrong. `cause` is what the caller raises, with a failed rollback noted on it."""
+        try:
+            self._exec("ROLLBACK")
+        except Exception as e:
+            cause.add_note(f"(the rollback after it failed too: {e})")
 
     def commit(
         self, writes: Iterable[Write], events: Sequence[TraceEvent] = (), epoch: int | None = None

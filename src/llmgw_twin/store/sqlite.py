@@ -42,9 +42,12 @@ class Store(SqlStore):
         self.events_kept = events_kept
         # transactions are explicit; the controller commits from a worker thread, one use at a
         # time (`service.committer`), so the connection may be used from another thread
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+        except sqlite3.Error as e:  # SQLite's own words name no file ("unable to open ...")
+            raise StoreError(f"{path}: cannot open the store: {e}") from None
         self._migrate()
 
     def close(self) -> None:
@@ -55,6 +58,10 @@ class Store(SqlStore):
 
     def _exec(self, statement: str, values: Sequence[object] = ()) -> Any:
         return self._db.execute(statement, tuple(values))
+
+    def _rollback(self, cause: BaseException) -> None:
+        if self._db.in_transaction:  # SQLite may have ended it itself (a full disk, say)
+            super()._rollback(cause)
 
     def _begin(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")  # the whole file, for writing, until the end
@@ -90,6 +97,6 @@ class Store(SqlStore):
                         self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {version}")
                 self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as e:
+                self._rollback(e)
                 raise

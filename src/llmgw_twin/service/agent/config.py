@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Strict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from llmgw_twin.control.model import ENGINES
 from llmgw_twin.service.agent.policy import DEFAULT_POLICY, PolicyC, PolicySettings, policy_settings
@@ -43,6 +43,12 @@ from llmgw_twin.units import fmt_ms, parse_size_mib
 __all__ = ["AgentSettings", "ConfigError", "EngineBinary", "load_agent_config"]
 
 
+MAX_CONTROLLERS = 16
+"""Controllers sharing one store: a leader and its standbys."""
+MAX_PEERS = 100_000
+"""Nodes listed under `peer_addresses`: a fleet's."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,7 +66,7 @@ class PortsC(_Strict):
 class AgentFile(_Strict):
     node: Name
     controller: Url
-    controllers: list[Url] = []
+    controllers: list[Url] = Field(default=[], max_length=MAX_CONTROLLERS)
     """Every controller's address, when several share a store (the agent follows the leader);
     `controller` is tried first."""
     listen: ListenC
@@ -73,7 +79,7 @@ class AgentFile(_Strict):
     ports: PortsC
     heartbeat_interval: Duration = "10s"
     engine_host: Host = "127.0.0.1"
-    peer_addresses: dict[Name, Host] = {}
+    peer_addresses: dict[Name, Host] = Field(default={}, max_length=MAX_PEERS)
     peer_address_default: Host | None = "127.0.0.1"
     stop_grace: Duration = "5s"
     sidecar_timeout: Duration = "10s"
@@ -176,9 +182,14 @@ def load_agent_config(path: str | Path) -> AgentSettings:
                 f"{path}: engines: unknown engine {engine!r} (expected: {', '.join(ENGINES)})"
             )
         if isinstance(value, str):
-            engines.append((engine, EngineBinary(value)))
+            binary = EngineBinary(_program(path, f"engines.{engine}", value))
         else:
-            engines.append((engine, EngineBinary(value.binary, value.worker_binary)))
+            worker = value.worker_binary
+            binary = EngineBinary(
+                _program(path, f"engines.{engine}.binary", value.binary),
+                _program(path, f"engines.{engine}.worker_binary", worker) if worker else None,
+            )
+        engines.append((engine, binary))
     if f.ports.first > f.ports.last:
         raise ConfigError(f"{path}: ports: first ({f.ports.first}) is above last ({f.ports.last})")
     try:
@@ -226,6 +237,19 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         controller_tls=client_tls(path, f.controller_tls),
         run_state=relative(path, f.run_state or f"{_state_dir()}/{f.node}.run.json"),
     )
+
+
+def _program(path: Path, key: str, value: str) -> str:
+    """An engine binary: an absolute path to a program, never a command line; one that exists
+    must be an executable file (one not there yet is warned about when the agent starts)."""
+    if not os.path.isabs(value) or any(c.isspace() or not c.isprintable() for c in value):
+        raise ConfigError(
+            f"{path}: {key}: {value!r} is not an absolute path to a program (an engine binary "
+            "is the program's path, such as /opt/vllm/bin/vllm, not a command line)"
+        )
+    if os.path.exists(value) and not (os.path.isfile(value) and os.access(value, os.X_OK)):
+        raise ConfigError(f"{path}: {key}: {value} is not an executable file")
+    return value
 
 
 def _state_dir() -> str:

@@ -34,4 +34,11 @@ def main(args: argparse.Namespace) -> int:
         return serving.EXIT_INVALID
     runtime.serve_from_ns = args.not_before  # waited for in `start`, everything else ready
     app = create_agent_app(runtime)
-    return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls)
+    return serving.serve(
+        app,
+        settings.host,
+        settings.port,
+        args.log_level,
+        settings.tls,
+        limits=settings.listen_limits,
+    )

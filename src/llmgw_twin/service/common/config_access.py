@@ -9,6 +9,9 @@ naming the file and the key. A listener on an address other than loopback needs 
 
 from __future__ import annotations
 
+import os
+import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -117,6 +120,7 @@ def server_tls(path: Path, listen: ListenC, *, secured: bool, what: str) -> Serv
         t = listen.tls
         ca = relative(path, t.client_ca) if t.client_ca is not None else None
         tls = ServerTls(relative(path, t.cert), relative(path, t.key), ca)
+        _check_tls(path, "listen.tls", tls.cert, tls.key, ca, ssl.PROTOCOL_TLS_SERVER)
     if not is_loopback(listen.host):
         if not secured:
             raise ConfigError(
@@ -154,16 +158,44 @@ def listen_limits(path: Path, listen: ListenC) -> listener.ListenLimits:
     )
 
 
-def client_tls(path: Path, c: ClientTlsC | None) -> ClientTls | None:
+def client_tls(path: Path, c: ClientTlsC | None, where: str = "controller_tls") -> ClientTls | None:
+    """A client's TLS (`where`: its key in the file), its files read once here, so that a
+    missing or bad one is a config error naming it, not a failure at the first call."""
     if c is None:
         return None
     if (c.cert is None) != (c.key is None):
-        raise ConfigError(f"{path}: a client certificate needs both cert and key")
+        raise ConfigError(f"{path}: {where}: a client certificate needs both cert and key")
 
     def rel(v: str | None) -> Path | None:
         return relative(path, v) if v is not None else None
 
-    return ClientTls(rel(c.ca), rel(c.cert), rel(c.key))
+    tls = ClientTls(rel(c.ca), rel(c.cert), rel(c.key))
+    _check_tls(path, where, tls.cert, tls.key, tls.ca, ssl.PROTOCOL_TLS_CLIENT)
+    return tls
+
+
+def _check_tls(
+    path: Path, where: str, cert: Path | None, key: Path | None, ca: Path | None, side: int
+) -> None:
+    """The certificate, its key and the CA load as TLS will load them when serving or calling."""
+    for name, file in (
+        ("cert", cert),
+        ("key", key),
+        ("ca" if side == ssl.PROTOCOL_TLS_CLIENT else "client_ca", ca),
+    ):
+        if file is not None and not file.is_file():
+            raise ConfigError(f"{path}: {where}.{name}: {file}: no such file")
+    ctx = ssl.SSLContext(side)
+    if cert is not None:
+        try:
+            ctx.load_cert_chain(str(cert), str(key) if key is not None else None)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"{path}: {where}.cert: {cert} (key {key}): {e}") from None
+    if ca is not None:
+        try:
+            ctx.load_verify_locations(cafile=str(ca))
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"{path}: {where}: {ca}: not a CA certificate: {e}") from None
 
 
 def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | None:
@@ -185,9 +217,36 @@ def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | N
     if not hashes["admin_tokens"]:
         raise ConfigError(f"{path}: auth.admin_tokens: at least one admin token hash is needed")
     secret = relative(path, a.secret_file) if a.secret_file else Path(store + ".key")
+    problem = _secret_problem(secret)
+    if problem is not None:
+        key = (
+            "auth.secret_file" if a.secret_file else "auth.secret_file (not set: beside the store)"
+        )
+        raise ConfigError(f"{path}: {key}: {secret}: {problem}")
     return ControllerAuth(
         hashes["admin_tokens"], hashes["api_keys"], secret, hashes["router_tokens"]
     )
+
+
+def _secret_problem(secret: Path) -> str | None:
+    """What keeps `secret` from being the controller's secret key (`auth.load_secret` reads it,
+    or makes it where none is), or None."""
+    if secret.is_dir():
+        return "is a directory, not a key file"
+    if secret.exists():
+        try:
+            text = secret.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            return f"cannot be read: {e}"
+        if not re.fullmatch(r"[0-9a-f]{64,}", text):
+            return "not a secret key (64 or more hex digits)"
+        return None
+    folder = secret.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        return f"absent, and cannot be made: {folder} is not a folder this process may write"
+    return None
 
 
 def limits_settings(path: Path, c: LimitsC) -> ControllerLimits:

@@ -194,8 +194,6 @@ def _store_file(path: Path, value: str) -> str:
     store = relative(path, value)
     if store.is_dir():
         raise ConfigError(f"{path}: store: {store} is a directory, not a database file")
-    if not store.parent.is_dir():
-        raise ConfigError(f"{path}: store: {store}: the folder {store.parent} does not exist")
     return str(store)
 
 
@@ -248,7 +246,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         deployments=tuple(deployments),
         auth=auth,
         tls=tls,
-        agents_tls=client_tls(path, f.agents_tls),
+        agents_tls=client_tls(path, f.agents_tls, "agents_tls"),
         limits=limits_settings(path, f.limits),
         events_kept=f.events_kept,
         name=f.name,

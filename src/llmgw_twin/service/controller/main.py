@@ -43,11 +43,19 @@ def main(args: argparse.Namespace) -> int:
         return serving.EXIT_FAILED
     try:
         runtime = ControllerRuntime(settings)
-    except (StoreError, OSError, sqlite3.Error) as e:
+    except (StoreError, OSError, sqlite3.Error, ValueError) as e:  # the store, its secret key
         sock.close()
         print(f"error: {e}", file=sys.stderr)
         return serving.EXIT_INVALID
     # this process holds the fleet: keep full collections short, and time them
     runtime.gc_pauses = GcPauses(pauses=runtime.histograms.gc_pause)
     app = create_controller_app(runtime)
-    return serving.serve(app, settings.host, settings.port, args.log_level, settings.tls, sock)
+    return serving.serve(
+        app,
+        settings.host,
+        settings.port,
+        args.log_level,
+        settings.tls,
+        sock,
+        limits=settings.listen_limits,
+    )

@@ -76,7 +76,7 @@ class FeedC(StrictModel):
 class RouterFile(StrictModel):
     listen: ListenC
     controller: Url
-    controllers: list[Url] = Field(default_factory=list)
+    controllers: list[Url] = Field(default_factory=list, max_length=16)
     """Every controller's address, when several share a store (the router follows the leader)."""
     controller_token_file: Text | None = None
     controller_tls: ClientTlsC | None = None
