@@ -260,6 +260,7 @@ class Controller:
                 if lag_ms <= 0:
                     raise ValueError("a lag is a positive number of milliseconds")
                 self._fleet.health.forgive(lag_ms, now_ms)
+                self._life.excuse(lag_ms)
                 self._out.emit("controller.lagged", lag_ms=lag_ms)
             case _:
                 assert_never(event)

@@ -19,6 +19,7 @@ has a shard on a node turned suspect, and rejoins it when whole and heard again.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Mapping
 
 from llmgw_twin.control.durable import (
@@ -47,6 +48,7 @@ from llmgw_twin.control.passes import plan_pass
 from llmgw_twin.control.placement import Placement
 from llmgw_twin.control.protocol import RequestReport
 from llmgw_twin.control.replicas import ReplicaRecord
+from llmgw_twin.control.surplus import retire_order
 
 
 class Lifecycle:
@@ -204,24 +206,22 @@ class Lifecycle:
         ]
         while len(counted) < want and dep is not None:
             counted.append(self.new_replica(dep))
-        while len(counted) > want:
-            # retire the least useful one at a time: one with a shard on a node not heard as
-            # alive, then unplaced, then not ready, then on a node being drained, then from the
-            # fabric holding the most replicas of this model, then the newest
-            per_fabric = self.replicas.per_fabric(model)
-            victim = min(
-                counted,
-                key=lambda r: (
-                    all(self.node_ok(n) for n in r.nodes),
-                    r.placed,
-                    r.state is ReplicaState.READY,
-                    not any(self.draining(n) for n in r.nodes),
-                    -per_fabric.get(r.fabric, 0) if r.fabric is not None else 0,
-                    -r.seq,
-                ),
-            )
+        surplus = len(counted) - want
+        if surplus <= 0:
+            return
+        # retire the least useful one at a time (the order: `surplus.retire_order`)
+        order = retire_order(
+            counted,
+            lambda r: (
+                all(self.node_ok(n) for n in r.nodes),
+                r.placed,
+                r.state is ReplicaState.READY,
+                not any(self.draining(n) for n in r.nodes),
+            ),
+            self.replicas.per_fabric(model),
+        )
+        for victim in itertools.islice(order, surplus):
             self.reap(victim, "scaled down", scaled_down=True)
-            counted.remove(victim)
 
     def new_replica(self, dep: Deployment) -> ReplicaRecord:
         rec = self.new_record(dep.model, self.profiles[dep.profile])
@@ -358,6 +358,24 @@ class Lifecycle:
 
     def _grace_s(self) -> int:
         return self.timings.unresponsive_grace_ms // 1000
+
+    def excuse(self, lag_ms: int) -> None:
+        """The controller itself fell `lag_ms` behind: that long of every start deadline and
+        degraded grace running was the controller's, not the engine's (its reports waited in
+        line), so each ends that much later. O(timers), once per episode of lag."""
+        degraded: set[ReplicaId] = set()
+        timers = []
+        for at, kind, rid in self._timers:
+            moved = kind in ("start", "degraded")
+            if kind == "degraded":
+                degraded.add(rid)
+            timers.append((at + lag_ms if moved else at, kind, rid))
+        heapq.heapify(timers)
+        self._timers = timers
+        for rid in degraded:
+            rec = self.replicas.get(rid)
+            if rec is not None and rec.state is ReplicaState.DEGRADED:
+                rec.degraded_since_ms += lag_ms
 
     def _quarantine_nodes(self, rec: ReplicaRecord, reason: str) -> None:
         """A replica that could not become ready keeps its profile off the nodes it tried."""
