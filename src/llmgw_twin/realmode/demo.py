@@ -166,7 +166,7 @@ class Demo:
         request = json.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, separators=(",", ":")
         )
-        ctl = f"llmgw-twin ctl status --nodes --controller {c.controller_url}"
+        ctl = f"{_program()} ctl status --nodes --controller {c.controller_url}"
         say()
         say(f"ready: replica {replica['replica']} of {MODEL} on {', '.join(nodes)} ({fabric})")
         say()
@@ -184,6 +184,12 @@ class Demo:
         say(f"  stop everything:  Ctrl-C (or kill -TERM {os.getpid()})")
         say()
         say("events:")
+
+
+def _program() -> str:
+    """How this command was called (`.venv/bin/llmgw-twin` outside the venv), for lines to copy."""
+    called = sys.argv[0] if sys.argv else ""
+    return shlex.quote(called) if Path(called).name == "llmgw-twin" else "llmgw-twin"
 
 
 def _ready(state: dict[str, Any]) -> bool:
