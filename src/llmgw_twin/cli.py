@@ -188,8 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     if args.real:
         return cmd_run_real(args)
-    # imported here: an engine or an agent started through this CLI never pays for the twin
-    from llmgw_twin.twin.report.html import render_html
+    # imported here: an engine or an agent started through this CLI never pays for the twin,
+    # and a run without --html never pays for the page
     from llmgw_twin.twin.report.text import timeline, to_json, verdict
     from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario
     from llmgw_twin.twin.world.runner import UnsupportedScenario, run_scenario
@@ -220,6 +220,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not result.passed:
             worst = max(worst, EXIT_FAILED)
         if pages:
+            from llmgw_twin.twin.report.html import render_html
+
             page = pages[index]
             try:
                 page.write_text(render_html(result), encoding="utf-8")
