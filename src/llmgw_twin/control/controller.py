@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from llmgw_twin.control.answers import FirstJudgement
 from llmgw_twin.control.defrag import Defragmenter
 from llmgw_twin.control.drain import Drainer
 from llmgw_twin.control.durable import (
@@ -73,6 +74,7 @@ from llmgw_twin.control.protocol import (
 )
 from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.reports import ShardReports
+from llmgw_twin.control.rollout import Rollout
 
 QUIET_STEP = Step()
 """What a heartbeat that changes nothing but its node's last-seen time returns: the same empty
@@ -107,14 +109,22 @@ class Controller:
             self._life, self._moves, self._live.node_ok, lambda: not self._live.guard.held
         )
         self._drain = Drainer(self._life, self._moves, draining)
+        self._rollout = Rollout(self._life, self._moves, lambda: not self._live.guard.held)
         self._reports = ShardReports(self._replicas, self._assignments, self._life, self._out)
         self._operator = Operator(
-            self._life, self._profiles, self._deployments, self._failures, self._drain
+            self._life,
+            self._profiles,
+            self._deployments,
+            self._failures,
+            self._drain,
+            self._rollout,
         )
         self._clock_written_ms: int | None = None
         self._due_ms: int | None = None
         """When the next reconcile is due: the reconciles keep the phase `start` gave them."""
         self._started_reported = True  # start() arms the controller.started report
+        self._first = FirstJudgement(timings)
+        """Nothing is judged before the agents asked at the start could answer."""
         self._restored_count = 0
         self._adopted_count = 0
 
@@ -144,7 +154,13 @@ class Controller:
         return self._replicas.live(model)
 
     def ready_replicas(self, model: ModelName) -> list[ReplicaRecord]:
-        return [r for r in self.live_replicas(model) if r.state is ReplicaState.READY]
+        """Ready and routable: a replica with a shard on a silent node is not capacity (but
+        under a mass-loss hold, which keeps its routes)."""
+        return [
+            r
+            for r in self.live_replicas(model)
+            if r.state is ReplicaState.READY and not r.unroutable
+        ]
 
     def assigned(self, node: NodeId) -> tuple[ShardSpec, ...]:
         return self._assignments.of(node)
@@ -187,12 +203,38 @@ class Controller:
         return self._drain
 
     @property
+    def rollout(self) -> Rollout:
+        """The models being rolled to a changed profile, and their moves (read-only by
+        convention)."""
+        return self._rollout
+
+    @property
     def capacity(self) -> CapacityIndex:
         """Free, booked and failed GPUs per node (read-only by convention: `explain` reads it)."""
         return self._capacity
 
     def pending_ids(self) -> list[ReplicaId]:
         return list(self._replicas.pending)
+
+    def _heartbeat_fits(self, info: NodeInfo, interval_ms: int) -> None:
+        """A node registering with a heartbeat interval not shorter than `node_suspect_after`
+        would turn suspect between its heartbeats: said, each time it registers so."""
+        suspect = self.timings.node_suspect_after_ms
+        if interval_ms < suspect:
+            return
+        self._out.emit(
+            "node.heartbeat_too_slow",
+            node=info.node,
+            fabric=info.fabric,
+            heartbeat_interval_ms=interval_ms,
+            reason=f"the agent heartbeats every {interval_ms} ms, not less than this "
+            f"controller's node_suspect_after of {suspect} ms: the node will turn suspect "
+            "between heartbeats; set the agent's heartbeat_interval below it",
+        )
+
+    def now_ms(self) -> int:
+        """The time of the last event or tick the core handled."""
+        return self._out.now_ms
 
     def heard(self, node: NodeId) -> bool:
         """Heard from since this controller started."""
@@ -228,16 +270,35 @@ class Controller:
         self._out.now_ms = now_ms
         match event:
             case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
+                if info.node in self._fleet.infos and self._fleet.stale(
+                    info.node, incarnation, event.version
+                ):
+                    self._fleet.hear(info.node, now_ms)  # late: alive, its report outdated
+                    return self._out.flush()
+                self._fleet.took(info.node, incarnation, event.version)
+                before = self._fleet.incarnations.get(info.node)
+                last_seen = self._fleet.health.last_seen_ms(info.node)
                 self._fleet.register(info, now_ms, incarnation)
+                self._heartbeat_fits(info, event.heartbeat_interval_ms)
                 self._fleet.link(info.node, event.fabric_up)
                 self._fleet.gpus_failed(info.node, event.failed_gpus)
-                self._reports.observe(info.node, shards)
+                # a new agent with nothing running: the node booted again, empty
+                rebooted = before is not None and before != incarnation and not shards
+                self._reports.observe(info.node, shards, rebooted)
+                if rebooted and last_seen is not None:
+                    self._life.forgive(info.node, last_seen, f"node {info.node} rebooted")
             case Heartbeat(node=node, shards=shards):
                 if node not in self._fleet.infos:
                     # unknown here (registered while this controller was down, say)
                     return Step(commands=(RequestReport(node),))
                 if 0 < event.incarnation < self._fleet.incarnations.get(node, 0):
                     return QUIET_STEP  # sent by an agent process since replaced: stale
+                if self._fleet.stale(node, event.incarnation, event.version):
+                    # delayed past a newer report of the same process: it says the node is
+                    # alive, never what it runs (a late report never undoes a newer one)
+                    self._fleet.hear(node, now_ms)
+                    return self._out.flush()
+                self._fleet.took(node, event.incarnation, event.version)
                 if self._fleet.hear_quiet(
                     node, now_ms, event.fabric_up, event.failed_gpus
                 ) and self._assignments.unchanged(node, shards):
@@ -266,11 +327,14 @@ class Controller:
                 assert_never(event)
         return self._out.flush()
 
-    def start(self, now_ms: int) -> Step:
+    def start(self, now_ms: int, *, awaits_delivery: bool = False) -> Step:
         """The controller process came up. It restores what its store holds, asks every known
-        agent to report now, and reconciles first one interval later: agents have that long to
-        register or answer before anything is judged unplaceable or short of a shard. The
-        reconciles keep that phase (`_next_due`)."""
+        agent to report now, and judges nothing before they could answer (`control/answers.py`):
+        its first reconcile comes one interval later at the earliest, and later still while a
+        node asked has not answered and its request was delivered less than an interval ago.
+        `awaits_delivery`: the shell queues the requests and says when they were delivered
+        (`reports_delivered`); otherwise they count as delivered now. The reconciles keep the
+        phase of the start (`_next_due`)."""
         self._out.now_ms = now_ms
         self._due_ms = now_ms + self.timings.reconcile_interval_ms
         self._started_reported = False
@@ -278,7 +342,19 @@ class Controller:
         if self._restored is not None:
             self._restore(self._restored, now_ms)
             commands = [RequestReport(n) for n in sorted(self._fleet.infos)]
+            lost = NodeState.LOST
+            asked = [n for n in self._fleet.infos if self._fleet.health.state(n) is not lost]
+            self._first.asked(now_ms, asked, awaits_delivery)
         return self._out.flush(tuple(commands), wake_at_ms=self._due_ms)
+
+    def reports_delivered(self, now_ms: int) -> None:
+        """Every report request of the start was delivered (or its send failed) by `now_ms`:
+        the agents' answers are waited for one reconcile interval from then, at most."""
+        self._first.delivered(now_ms)
+
+    def awaiting_answers(self) -> list[NodeId]:
+        """The nodes asked at the start whose answers the first judgement still waits for."""
+        return self._first.unanswered(self._fleet.heard_nodes)
 
     def _restore(self, state: DurableState, now_ms: int) -> None:
         self._profiles.update({p.name: p for p in state.profiles})
@@ -296,9 +372,14 @@ class Controller:
             self._capacity.add_node(info)  # not schedulable until heard from
             self._assignments.track(info.node)
         lost_after = self.timings.node_lost_after_ms
+        placed_on = {spec.node for row in state.replicas for spec in row.specs}
         for node in sorted(seen, key=lambda n: (seen[n], n)):
             # silent past the lost window while a controller still ran: declared lost then
-            was_lost = node in silent and clock - silent[node] >= lost_after
+            # (a node that still holds a replica was not: its loss was held or paced, since
+            # the step declaring a loss deletes every replica on the node)
+            was_lost = (
+                node in silent and clock - silent[node] >= lost_after and node not in placed_on
+            )
             self._fleet.health.restore(node, seen[node], was_lost)
             if silent.get(node) != seen[node]:
                 self._out.write(PutSilence(node, seen[node]))
@@ -319,19 +400,21 @@ class Controller:
                 self._capacity.book(spec.node, spec.gpus)
                 self._assignments.restore(spec)
         self._restored_count = len(state.replicas)
+        self._rollout.restore()
 
     def tick(self, now_ms: int) -> Step:
         """One reconcile pass over what changed since the last one."""
         self._out.now_ms = now_ms
+        wait = self._first.wait_until(now_ms, self._fleet.heard_nodes)
+        if wait is not None:  # the agents asked at the start may still answer: judge nothing
+            return self._out.flush((), wake_at_ms=min(wait, self._next_due(now_ms)))
         for change in self._fleet.health.expire_suspect(now_ms):
             self._fleet.on_health(change)
         self._fleet.judge_mass_loss(now_ms)
-        if not self._fleet.guard.held:
-            for change in self._fleet.health.expire_lost(now_ms):
-                self._fleet.on_health(change)
-                # the store's clock says a controller ran past this loss: a successor restores
-                # the node lost, and does not declare it lost a second time
-                self._clock_written_ms = None
+        if not self._fleet.guard.held and self._fleet.expire_lost(now_ms):
+            # the store's clock says a controller ran past these losses: a successor restores
+            # the nodes lost, and does not declare them lost a second time
+            self._clock_written_ms = None
         self._fleet.forget_long_lost(now_ms)
         for q in self._failures.expired(now_ms):
             self._out.write(DeleteQuarantine(q.node, q.profile))
@@ -355,10 +438,12 @@ class Controller:
         dirty.clear()
         if self._replicas.dirty_models:
             self._drain.relink()
+            self._rollout.relink(self._replicas.dirty_models)
         for model in sorted(self._replicas.dirty_models):
             self._life.reconcile_deployment(model)
         self._replicas.dirty_models.clear()
         self._drain.run()
+        self._rollout.run()
         if self._life.place_if_due():
             self._defrag.wake()
         self._defrag.settle()

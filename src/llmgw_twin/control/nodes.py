@@ -9,8 +9,9 @@ set it alone changes) and fails replicas through the `Lifecycle` it is built wit
 
 Invariants: a node is schedulable only while alive and heard; a node that turns suspect is
 written to the store as silent since its last heartbeat, and cleared when heard; while the guard
-holds, no node is declared lost; a node registering again with other facts first fails every
-replica it no longer fits.
+holds, no node is declared lost; otherwise a node silent past the lost window is declared lost
+only within the eviction pace (`pace.EvictionPace`), and stays suspect (`paced`) until then; a
+node registering again with other facts first fails every replica it no longer fits.
 """
 
 from __future__ import annotations
@@ -45,8 +46,13 @@ class NodeRegistry:
         """Nodes heard from since this controller started: only these are placed on."""
         self.infos: dict[NodeId, NodeInfo] = {}
         self.incarnations: dict[NodeId, int] = {}
+        self.versions: dict[NodeId, tuple[int, int]] = {}
+        """The newest report taken from each node: (incarnation, version)."""
         self.silence_marked: set[NodeId] = set()
         """Nodes whose silence the store records (cleared in the store when heard)."""
+        self.pace = books.pace
+        self.paced: set[NodeId] = set()
+        """Nodes due to be declared lost that the eviction pace keeps (`node.loss_paced`)."""
 
     def register(self, info: NodeInfo, now_ms: int, incarnation: int) -> None:
         known = self.infos.get(info.node)
@@ -64,10 +70,24 @@ class NodeRegistry:
         self.incarnations[info.node] = incarnation
         self.assignments.forget_report(info.node)  # judge its report afresh
         self.assignments.track(info.node)
+        if joined and before is not None:
+            self.capacity.stability.mark(info.node, "rebooted", now_ms)
         if joined:
             self.out.emit("node.joined", node=info.node, fabric=info.fabric)
         self.hear(info.node, now_ms, announce=not joined)
         self.assignments.dirty.add(info.node)
+
+    def stale(self, node: NodeId, incarnation: int, version: int) -> bool:
+        """A report older than one already taken from the same agent process (delayed on the
+        way): it says the node is alive, and nothing else that is still true."""
+        got = self.versions.get(node)
+        return version > 0 and got is not None and got[0] == incarnation and version < got[1]
+
+    def took(self, node: NodeId, incarnation: int, version: int) -> None:
+        """A report of `version` was taken as the node's word."""
+        got = self.versions.get(node)
+        if version > 0 and (got is None or got[0] != incarnation or got[1] < version):
+            self.versions[node] = (incarnation, version)
 
     def forget_long_lost(self, now_ms: int) -> None:
         """A node lost for `forget_lost_after` and holding nothing leaves every structure and
@@ -82,8 +102,10 @@ class NodeRegistry:
             self.failures.forget_node(node)
             self.infos.pop(node, None)
             self.incarnations.pop(node, None)
+            self.versions.pop(node, None)
             self.heard_nodes.discard(node)
             self.silence_marked.discard(node)
+            self.paced.discard(node)
             self.out.write(DeleteNode(node))
             self.out.emit("node.forgotten", node=node, fabric=fabric)
 
@@ -131,8 +153,13 @@ class NodeRegistry:
     def judge_mass_loss(self, now_ms: int) -> None:
         alive, suspect = self.health.alive_count, self.health.suspect_count
         guard = self.guard
+        guard.settle(alive, suspect)
         if guard.should_hold(alive, suspect):
-            guard.hold(now_ms, alive, suspect)
+            # the hold began when the silence tipped over the share (long ago, for a controller
+            # restored mid-hold: the store kept every node's silence)
+            tipped = self.health.nth_silence(guard.tipping_index(alive, suspect))
+            since = now_ms if tipped is None else tipped + self.timings.node_suspect_after_ms
+            guard.hold(min(since, now_ms), alive, suspect)
             self.out.emit(
                 "fleet.hold",
                 silent=suspect,
@@ -152,6 +179,61 @@ class NodeRegistry:
                 self.silence_marked.add(node)
                 for rid in self.assignments.replicas_on(node):
                     self.life.unroute(self.replicas[rid], node)
+        if guard.should_accept(now_ms):
+            self.accept_loss(now_ms, alive, suspect)
+
+    def accept_loss(self, now_ms: int, alive: int, suspect: int) -> None:
+        """The hold ran out: the silent nodes' replicas leave routing (and no longer count as
+        ready), and the nodes are declared lost at the eviction pace from this tick on."""
+        guard = self.guard
+        held_s = (now_ms - guard.since_ms) // 1000
+        guard.accept()
+        self.out.emit(
+            "fleet.loss_accepted",
+            silent=suspect,
+            fleet=alive + suspect,
+            held_ms=now_ms - guard.since_ms,
+            reason=f"{suspect} of {alive + suspect} nodes silent for {held_s}s, past the "
+            f"mass-loss hold's bound of {self.timings.mass_loss_hold_max_ms // 1000}s: taken "
+            "as lost, declared lost at the eviction pace",
+        )
+        for node in self.health.suspects():
+            for rid in self.assignments.replicas_on(node):
+                rec = self.replicas[rid]
+                self.life.unroute(rec, node)
+                if rec.state is ReplicaState.ADOPTING:
+                    self.replicas.dirty_models.add(rec.model)  # no longer counted
+
+    def expire_lost(self, now_ms: int) -> list[NodeId]:
+        """Declare lost every node silent for the lost window, as far as the eviction pace
+        allows (oldest silence first; a node's cost is its live replicas); the others stay
+        suspect, their replicas kept out of routing and not replaced, and are tried again at
+        the next tick (`node.loss_paced` once per node). Returns the nodes declared lost."""
+        lost: list[NodeId] = []
+        pace = self.pace
+        for node in self.health.overdue(now_ms):
+            fabric = self.infos[node].fabric
+            live = [r for r in self.assignments.replicas_on(node) if self.replicas[r].state.live]
+            cost = {fabric: len(live)}
+            if not pace.take(cost, now_ms):
+                if node not in self.paced:
+                    self.paced.add(node)
+                    window_s = self.timings.eviction_window_ms // 1000
+                    self.out.emit(
+                        "node.loss_paced",
+                        node=node,
+                        fabric=fabric,
+                        replicas=len(live),
+                        reason=f"silent past the lost window; declaring it lost would take "
+                        f"down {len(live)} replica(s) beyond the eviction budget of "
+                        f"{self.timings.eviction_budget} per {window_s}s (fabric: "
+                        f"{self.timings.eviction_fabric_budget}): kept until the budget allows",
+                    )
+                continue
+            self.paced.discard(node)
+            self.on_health(self.health.declare_lost(node))
+            lost.append(node)
+        return lost
 
     def hear_quiet(
         self, node: NodeId, now_ms: int, fabric_up: bool, failed_gpus: tuple[int, ...]
@@ -179,6 +261,7 @@ class NodeRegistry:
     def hear(self, node: NodeId, now_ms: int, announce: bool = True) -> None:
         """A node spoke: it is alive, and once heard it may be placed on."""
         change = self.health.seen(node, now_ms)
+        self.paced.discard(node)
         if node in self.silence_marked:
             self.silence_marked.discard(node)
             self.out.write(DeleteSilence(node))
@@ -206,6 +289,7 @@ class NodeRegistry:
                     self.life.reroute(self.replicas[rid], node, f"node {node} heard again")
             case NodeState.SUSPECT:
                 self.out.emit("node.suspect", node=node, fabric=fabric)
+                self.capacity.stability.mark(node, "unheard", self.out.now_ms)
                 self.capacity.set_schedulable(node, False)
                 since = self.health.last_seen_ms(node)
                 if since is not None and node not in self.silence_marked:
@@ -215,12 +299,14 @@ class NodeRegistry:
                     rec = self.replicas[rid]
                     if not self.guard.held:
                         self.life.unroute(rec, node)
-                    if rec.state is ReplicaState.ADOPTING:
-                        self.replicas.dirty_models.add(rec.model)  # no longer counted
             case NodeState.LOST:
                 self.out.emit("node.lost", node=node, fabric=fabric)
+                self.capacity.stability.mark(node, "lost", self.out.now_ms)
                 self.capacity.set_schedulable(node, False)
                 for rid in self.assignments.replicas_on(node):
                     self.life.fail(self.replicas[rid], f"node {node} lost", node)
+                since = self.health.last_seen_ms(node)
+                if since is not None:  # a peer's exit when the node went was the node's doing
+                    self.life.forgive(node, since, f"node {node} lost")
             case _:
                 assert_never(change.after)

@@ -18,9 +18,12 @@ from typing import assert_never
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
+    AddNode,
     ClockSkew,
     Cordon,
     CrashNode,
+    CutFabricLink,
+    DelayHeartbeats,
     DeleteDeployment,
     FabricDown,
     FailGpu,
@@ -34,7 +37,9 @@ from llmgw_twin.twin.scenario.model import (
     RestartAgent,
     RestartController,
     RestartNode,
+    SetProfile,
     SetReplicas,
+    SlowNode,
     StallController,
     StoreDown,
 )
@@ -91,6 +96,8 @@ def _fault_for(fault: Fault) -> int:
     match fault.action:
         case Partition(for_ms=ms) | FabricDown(for_ms=ms):
             return ms
+        case CutFabricLink(for_ms=ms) | SlowNode(for_ms=ms) | DelayHeartbeats(for_ms=ms):
+            return ms
         case RestartController(down_for_ms=ms):
             return ms
         case StallController(for_ms=ms) | PartitionController(for_ms=ms) | StoreDown(for_ms=ms):
@@ -104,10 +111,12 @@ def _fault_for(fault: Fault) -> int:
             | RestartAgent()
             | FailGpu()
             | SetReplicas()
+            | SetProfile()
             | Cordon()
             | DeleteDeployment()
             | KillController()
             | ClockSkew()
+            | AddNode()
         ):
             return 0  # an instant, or (an agent's restart) not drawn as a span
         case _:
@@ -126,7 +135,7 @@ class Lanes:
         self.end = sc.duration_ms
         self.nodes: dict[str, Lane] = {}
         self._health: dict[str, _Open] = {}
-        for info in sc.nodes:
+        for info in sc.all_nodes:
             self._node(info.node, info.fabric)
         self.fabric_nodes = {str(f): tuple(map(str, nodes)) for f, nodes in sc.fabrics}
         self.controller = Lane("controller", "controller", "", {"state": [], "fleet": []})

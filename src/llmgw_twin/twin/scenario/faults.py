@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from yaml.nodes import Node
 
-from llmgw_twin.control.model import FabricId, ModelName, NodeId
+from llmgw_twin.control.model import FabricId, ModelName, NodeId, ProfileName
 from llmgw_twin.twin.scenario import yamlnodes as yn
 from llmgw_twin.twin.scenario.fleet import ReplicaTotals
 from llmgw_twin.twin.scenario.limits import MAX_FAULTS, MAX_NAME_LEN, MAX_REPLICAS
@@ -43,10 +43,12 @@ from llmgw_twin.twin.scenario.model import (
     RestartAgent,
     RestartController,
     RestartNode,
+    SetProfile,
     SetReplicas,
     StallController,
     StoreDown,
 )
+from llmgw_twin.twin.scenario.shapes import SHAPE_KEYS, Added, check_added_first, shape_action
 from llmgw_twin.twin.scenario.timeexpr import (
     END,
     START,
@@ -77,6 +79,8 @@ _ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "fail_gpu": ("node", "gpu"),
     "fabric_down": ("fabric", "for"),
     "set_replicas": ("model", "replicas"),
+    "set_profile": ("model", "profile"),
+    **SHAPE_KEYS,
 }
 
 
@@ -95,6 +99,10 @@ class Known:
     traffic: dict[str, None] = field(default_factory=dict)
     """The models `traffic:` sends requests to (known once that section is read)."""
     controllers: int = 1
+    added: Added = field(default_factory=dict)
+    """Every `add_node` of the file (`shapes.prescan_added`); their names are in `node_gpus`."""
+    profiles: dict[str, int] = field(default_factory=dict)
+    """The profiles `profiles:` defines (what `set_profile` may name), each with its `nodes`."""
 
     def controller(self, node: Node, where: str, leader: bool = True) -> str:
         """A controller's name: `c1`..`cK` (and `leader`, where whichever leads is meant)."""
@@ -132,6 +140,15 @@ class Known:
                 f"(deployed: {yn.preview(list(self.models))})",
             )
         return ModelName(value)
+
+    def profile(self, node: Node, where: str) -> ProfileName:
+        value = _ref(node, where)
+        if value not in self.profiles:
+            raise yn.Invalid.at(
+                node,
+                f"{where}: unknown profile '{value}' (defined: {yn.preview(list(self.profiles))})",
+            )
+        return ProfileName(value)
 
     def fault_id(self, node: Node, where: str) -> str:
         value = _ref(node, where)
@@ -228,6 +245,8 @@ def load_faults(node: Node, known: Known) -> tuple[tuple[Fault, ...], Known]:
         known.check_in_run(raw.at_node, f"{raw.where}.at", expr, ms)
     order = sorted(range(len(raws)), key=lambda i: (times[i], i))
     faults = tuple(Fault(times[i], raws[i].action, raws[i].id, raws[i].line) for i in order)
+    if known.added:
+        check_added_first(faults, {r.line: r.at_node for r in raws})
     fault_at_ms = {r.id: t for r, t in zip(raws, times, strict=True) if r.id is not None}
     return faults, replace(known, fault_at_ms=fault_at_ms)
 
@@ -308,6 +327,8 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             return RestartController(yn.duration(*need("down_for")), who)
         case "stall_controller" | "partition_controller" | "store_down" | "clock_skew":
             return _controller_action(key, need, known)
+        case "cut_fabric_link" | "slow_node" | "delay_heartbeats" | "add_node":
+            return shape_action(key, value, need, known.node, known.added)
         case "fail_gpu":
             node_id = known.node(*need("node"))
             gpu_node, gpu_where = need("gpu")
@@ -326,6 +347,12 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             replicas = yn.integer(replicas_node, replicas_where, minimum=0, maximum=MAX_REPLICAS)
             known.totals.raise_to(model, replicas, replicas_node, replicas_where)
             return SetReplicas(model, replicas)
+        case "set_profile":
+            model = known.model(*need("model"))
+            profile_node, profile_where = need("profile")
+            profile = known.profile(profile_node, profile_where)
+            known.totals.widen(model, known.profiles[profile], profile_node, profile_where)
+            return SetProfile(model, profile)
     # Only reachable if scenario.FAULT_KEYS grows before this reader does.
     raise yn.Invalid.at(value, f"{where}: this loader cannot read '{key}' faults yet")
 

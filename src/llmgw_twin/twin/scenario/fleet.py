@@ -161,6 +161,24 @@ def load_cluster(node: Node) -> tuple[Fabrics, tuple[NodeInfo, ...]]:
     return tuple(fabrics), tuple(infos)
 
 
+def node_defaults(node: Node) -> tuple[int, int, tuple[EngineName, ...]]:
+    """`cluster.nodes.default` (read and checked by `load_cluster` already): the GPUs, GPU
+    memory (MiB) and engines a node has unless it says otherwise, as a node added at run time
+    (`add_node`) does."""
+    base = _NodeSettings()
+    nodes_node = yn.MapView(node, "cluster").get("nodes")
+    if nodes_node is not None:
+        default = yn.MapView(nodes_node, "cluster.nodes").get("default")
+        if default is not None:
+            base = base.updated(default, "cluster.nodes.default")
+    return base.gpus, base.gpu_memory_mib, base.engines
+
+
+def read_engines(node: Node, where: str) -> tuple[EngineName, ...]:
+    """A node's `engines` list: known engines, none twice."""
+    return _engines(node, where)
+
+
 MAX_CONTROLLERS = 9
 """The most controller processes a scenario may run on its one store."""
 
@@ -259,6 +277,22 @@ class ReplicaTotals:
             )
         self.most[model] = replicas
         self.replicas, self.shards = total, shards
+
+    def widen(self, model: str, per: int, node: Node, where: str) -> None:
+        """`model` changes to a profile of `per` shards a replica (written at `node`): its
+        replicas are counted at the widest profile the file gives it."""
+        old = self.shards_per_replica[model]
+        if per <= old:
+            return
+        shards = self.shards + self.most.get(model, 0) * (per - old)
+        if shards > MAX_SHARDS:
+            raise yn.Invalid.at(
+                node,
+                f"{where}: {per} shards a replica of '{model}' make {shards:,} shards in all "
+                f"deployments together, more than the {MAX_SHARDS:,} allowed",
+            )
+        self.shards_per_replica[model] = per
+        self.shards = shards
 
 
 def load_deployments(

@@ -21,6 +21,7 @@ from llmgw_twin.twin.scenario.model import (
     Partition,
     RestartController,
     Scenario,
+    SetProfile,
     SetReplicas,
 )
 from llmgw_twin.units import MAX_DIGITS, MAX_NAME_LEN
@@ -127,8 +128,9 @@ def event_steps(scenario: Scenario) -> int:
     """The work that is not periodic: placing every shard deployed at the start, and each fault
     by what it touches -- a partition its nodes, a fabric outage its fabric's nodes, a controller
     restart every node and replica (all report, all are adopted), `set_replicas` the shards it
-    adds or removes; any other fault counts 1. Without this, many faults on a big fleet could
-    ask for a run far longer than its heartbeats say."""
+    adds or removes, `set_profile` the shards it stops and starts; any other fault counts 1.
+    Without this, many faults on a big fleet could ask for a run far longer than its heartbeats
+    say."""
     shards_per = {p.name: p.nodes for p in scenario.profiles}
     per_model = {d.model: shards_per[d.profile] for d in scenario.deployments}
     now = {d.model: d.replicas for d in scenario.deployments}
@@ -141,12 +143,15 @@ def event_steps(scenario: Scenario) -> int:
             work += abs(action.replicas - now[action.model]) * per_model[action.model] + 1
             now[action.model] = action.replicas
             most[action.model] = max(most[action.model], action.replicas)
+        elif isinstance(action, SetProfile):  # every replica replaced: stopped and started
+            old, per_model[action.model] = per_model[action.model], shards_per[action.profile]
+            work += now[action.model] * (old + per_model[action.model]) + 1
         elif isinstance(action, Partition):
             work += len(action.nodes)
         elif isinstance(action, FabricDown):
             work += fabric_size[action.fabric]
         elif isinstance(action, RestartController):
-            work += len(scenario.nodes) + sum(most.values())
+            work += len(scenario.all_nodes) + sum(most.values())
         else:
             work += 1
     return work
@@ -156,7 +161,7 @@ def run_steps(scenario: Scenario) -> int:
     """A run's periodic work, as `MAX_STEPS` bounds it."""
     return steps(
         scenario.duration_ms,
-        len(scenario.nodes),
+        len(scenario.all_nodes),
         len(scenario.deployments),
         scenario.timings.heartbeat_interval_ms,
         scenario.timings.reconcile_interval_ms,

@@ -34,6 +34,7 @@ from llmgw_twin.twin.scenario.fleet import (
     load_controllers,
     load_deployments,
     load_profiles,
+    node_defaults,
 )
 from llmgw_twin.twin.scenario.limits import (
     MAX_COUNT,
@@ -44,14 +45,14 @@ from llmgw_twin.twin.scenario.limits import (
     steps,
 )
 from llmgw_twin.twin.scenario.model import INVARIANTS, Fault, Scenario
+from llmgw_twin.twin.scenario.shapes import prescan_added
 from llmgw_twin.twin.scenario.traffic import load_traffic
 from llmgw_twin.units import (
     SettingKey,
     fmt_ms,
-    in_file_terms,
     parse_share,
     setting_keys,
-    settings_named,
+    timings_refusal,
 )
 
 __all__ = ["ScenarioError", "load_scenario", "load_scenario_text"]
@@ -151,6 +152,8 @@ def _scenario(text: str, path: str) -> Scenario:
     timings = Timings() if timings_node is None else _timings(timings_node)
     fabrics, nodes = load_cluster(top.require("cluster"))
     controllers = load_controllers(top.require("cluster"))
+    # nodes added at run time, read first: any fault or expectation may name them
+    added = prescan_added(top.get("faults"), fabrics, nodes, node_defaults(top.require("cluster")))
     profiles_node = top.get("profiles")
     profiles = () if profiles_node is None else load_profiles(profiles_node)
     deployments_node = top.get("deployments")
@@ -161,7 +164,7 @@ def _scenario(text: str, path: str) -> Scenario:
     )
     work = steps(
         duration_ms,
-        len(nodes),
+        len(nodes) + len(added),
         len(deployments),
         timings.heartbeat_interval_ms,
         timings.reconcile_interval_ms,
@@ -170,18 +173,21 @@ def _scenario(text: str, path: str) -> Scenario:
         raise yn.Invalid.at(
             duration_node,
             f"duration: the run would take {work:,} steps, more than the {MAX_STEPS:,} allowed "
-            f"({len(nodes):,} node(s) heartbeating every {fmt_ms(timings.heartbeat_interval_ms)} "
+            f"({len(nodes) + len(added):,} node(s) heartbeating every "
+            f"{fmt_ms(timings.heartbeat_interval_ms)} "
             f"and a reconcile every {fmt_ms(timings.reconcile_interval_ms)} "
             f"for {fmt_ms(duration_ms)}; see Limits in docs/scenarios.md)",
         )
 
     known = Known(
         duration_ms=duration_ms,
-        node_gpus={n.node: n.gpus for n in nodes},
+        node_gpus={n.node: n.gpus for n in (*nodes, *added.values())},
         fabrics=dict.fromkeys(f for f, _ in fabrics),
         models=dict.fromkeys(d.model for d in deployments),
         totals=totals,
         controllers=controllers,
+        added=added,
+        profiles={p.name: p.nodes for p in profiles},
     )
     faults_node = top.get("faults")
     faults: tuple[Fault, ...] = ()
@@ -235,19 +241,19 @@ def _timings(node: Node) -> Timings:
     lost = int(values.setdefault("node_lost_after_ms", defaults.node_lost_after_ms))
     # Suspicion tracks the loss deadline unless set: halfway there, as the production defaults are.
     suspect = int(values.setdefault("node_suspect_after_ms", max(1, lost // 2)))
-    if suspect > lost:
+    if suspect >= lost:
         raise yn.Invalid.at(
-            node,
-            f"timings: node_suspect_after ({fmt_ms(suspect)}) must not exceed "
+            written.get("node_suspect_after", node),
+            f"timings: node_suspect_after ({fmt_ms(suspect)}) must be shorter than "
             f"node_lost_after ({fmt_ms(lost)})",
         )
     try:
         return replace(defaults, **values)
     except ValueError as err:
-        # Timings' own checks (one value against another): point at the first value it names.
-        named = [k.key for k in settings_named(str(err), TIMING_KEYS) if k.key in written]
-        at = written[named[0]] if named else node
-        raise yn.Invalid.at(at, f"timings: {in_file_terms(str(err), TIMING_KEYS)}") from None
+        # Timings' own checks (one value against another): point at the first value it names,
+        # or at node_lost_after when the value named is the suspicion it set
+        text, at = timings_refusal(str(err), TIMING_KEYS, values, written)
+        raise yn.Invalid.at(written[at] if at else node, f"timings: {text}") from None
 
 
 def _setting(value: Node, where: str, key: SettingKey) -> int | float:

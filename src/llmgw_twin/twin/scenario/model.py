@@ -142,6 +142,54 @@ class SetReplicas:
 
 
 @dataclass(frozen=True, slots=True)
+class SetProfile:
+    """The operator changes the deployment of `model` to `profile` (version 1.2): its replicas
+    are rolled over to the new profile (`control/rollout.py`)."""
+
+    model: ModelName
+    profile: ProfileName
+
+
+# --- fault shapes real fleets show (version 1.2) ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CutFabricLink:
+    """`node` loses its fabric link for `for_ms`: its fabric peers cannot reach it (nor it them),
+    the controller still hears it."""
+
+    node: NodeId
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlowNode:
+    """`node`'s engines run `factor` times slower for `for_ms` (a straggler): exact, a fraction of
+    integers as written."""
+
+    node: NodeId
+    factor_num: int
+    factor_den: int
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DelayHeartbeats:
+    """Heartbeats `nodes` send during `for_ms` arrive `by_ms` late instead of on time."""
+
+    nodes: tuple[NodeId, ...]
+    by_ms: int
+    for_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddNode:
+    """A new node (its facts in `info`) is onboarded and boots at the fault's time."""
+
+    info: NodeInfo
+
+
+@dataclass(frozen=True, slots=True)
 class Cordon:
     """An operator action beyond the contract's faults: `cordon: N`, `uncordon: N`, `drain: N`
     (`op` is the key)."""
@@ -176,6 +224,11 @@ FaultAction = (
     | PartitionController
     | StoreDown
     | ClockSkew
+    | CutFabricLink
+    | SlowNode
+    | DelayHeartbeats
+    | AddNode
+    | SetProfile
 )
 
 FAULT_KEYS: dict[str, type] = {
@@ -199,6 +252,11 @@ FAULT_KEYS: dict[str, type] = {
     "partition_controller": PartitionController,
     "store_down": StoreDown,
     "clock_skew": ClockSkew,
+    "cut_fabric_link": CutFabricLink,
+    "slow_node": SlowNode,
+    "delay_heartbeats": DelayHeartbeats,
+    "add_node": AddNode,
+    "set_profile": SetProfile,
 }
 """The YAML key of each fault action."""
 
@@ -341,7 +399,8 @@ class Scenario:
     name: str
     duration_ms: int
     nodes: tuple[NodeInfo, ...]
-    """Every node, in the order the file lists them under `cluster.fabrics`."""
+    """Every node booted at the start, in the order the file lists them under `cluster.fabrics`
+    (`all_nodes` adds those an `add_node` fault brings later)."""
     fabrics: tuple[tuple[FabricId, tuple[NodeId, ...]], ...]
     description: str = ""
     seed: int = 0
@@ -356,6 +415,27 @@ class Scenario:
     """Invariant name -> the reason it is off."""
     controllers: int = 1
     """Controller processes on the one store (`c1`..`cK`); c1 starts first and leads first."""
+
+    @property
+    def added_nodes(self) -> tuple[NodeInfo, ...]:
+        """The nodes `add_node` faults bring, in time order."""
+        return tuple(f.action.info for f in self.faults if isinstance(f.action, AddNode))
+
+    @property
+    def all_nodes(self) -> tuple[NodeInfo, ...]:
+        """Every node the run ever has: the boot-time fleet, then the added ones."""
+        return self.nodes + self.added_nodes
+
+    @property
+    def all_fabrics(self) -> tuple[tuple[FabricId, tuple[NodeId, ...]], ...]:
+        """`fabrics` with each added node under its fabric (after the boot-time members)."""
+        added = self.added_nodes
+        if not added:
+            return self.fabrics
+        return tuple(
+            (fabric, members + tuple(n.node for n in added if n.fabric == fabric))
+            for fabric, members in self.fabrics
+        )
 
     def profile(self, name: ProfileName) -> Profile:
         for p in self.profiles:

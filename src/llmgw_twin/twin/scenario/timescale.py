@@ -19,9 +19,12 @@ from typing import assert_never
 from llmgw_twin.control.model import Timings
 from llmgw_twin.twin.scenario.limits import MAX_RATE_PER_S
 from llmgw_twin.twin.scenario.model import (
+    AddNode,
     ClockSkew,
     Cordon,
     CrashNode,
+    CutFabricLink,
+    DelayHeartbeats,
     DeleteDeployment,
     EventExpectation,
     Expectation,
@@ -40,7 +43,9 @@ from llmgw_twin.twin.scenario.model import (
     RestartController,
     RestartNode,
     Scenario,
+    SetProfile,
     SetReplicas,
+    SlowNode,
     StallController,
     StateExpectation,
     StoreDown,
@@ -71,6 +76,12 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             return StoreDown(_ms(for_ms, factor, 1))
         case RestartAgent(node=node, down_for_ms=down):
             return RestartAgent(node, _ms(down, factor))
+        case CutFabricLink(node=node, for_ms=for_ms):
+            return CutFabricLink(node, _ms(for_ms, factor, 1))
+        case SlowNode(node=node, factor_num=num, factor_den=den, for_ms=for_ms):
+            return SlowNode(node, num, den, _ms(for_ms, factor, 1))
+        case DelayHeartbeats(nodes=nodes, by_ms=by_ms, for_ms=for_ms):
+            return DelayHeartbeats(nodes, _ms(by_ms, factor, 1), _ms(for_ms, factor, 1))
         case (
             KillNode()
             | CrashNode()
@@ -79,10 +90,12 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             | HangEngine()
             | FailGpu()
             | SetReplicas()
+            | SetProfile()
             | Cordon()
             | DeleteDeployment()
             | KillController()
             | ClockSkew()
+            | AddNode()
         ):
             return action  # instantaneous: only its time moves, and `at_ms` is scaled apart
         case _:

@@ -31,12 +31,14 @@ from llmgw_twin.twin.world.sim import World
 
 class Invariants:
     def __init__(self, scenario: Scenario, world: World) -> None:
-        self._fabric_of: dict[NodeId, FabricId] = {n.node: n.fabric for n in scenario.nodes}
+        self._fabric_of: dict[NodeId, FabricId] = {n.node: n.fabric for n in scenario.all_nodes}
         self._world = world
         self.violations: dict[str, list[str]] = {name: [] for name in INVARIANTS}
         self.checks: dict[str, int] = dict.fromkeys(INVARIANTS, 0)
         self._delivered: dict[NodeId, dict[ShardKey, ShardReport]] = {}
         self._last: dict[NodeId, tuple[ShardReport, ...]] = {}
+        self._version: dict[NodeId, tuple[int, int]] = {}
+        """The newest report delivered per node: (incarnation, version)."""
         self._booked: dict[tuple[NodeId, int], ReplicaId] = {}
         self._slots: dict[ReplicaId, list[tuple[NodeId, int]]] = {}
         self._epoch_seen: dict[tuple[NodeId, int], int] = {}
@@ -73,8 +75,14 @@ class Invariants:
 
     def delivered(self, msg: Heartbeat | NodeRegistered) -> bool:
         """Record what an agent actually told the controller (ground truth for readiness);
-        False when it repeats the node's last report word for word."""
+        False when it repeats the node's last report word for word, or is older than a report
+        of the same agent process delivered before it (late: it tells nothing still true)."""
         node = msg.node if isinstance(msg, Heartbeat) else msg.info.node
+        got = self._version.get(node)
+        if msg.version > 0:
+            if got is not None and (msg.incarnation, msg.version) < got:
+                return False  # a late report, or one of an agent process since replaced
+            self._version[node] = (msg.incarnation, msg.version)
         if self._last.get(node) == msg.shards and isinstance(msg, Heartbeat):
             return False
         self._last[node] = msg.shards

@@ -5,8 +5,8 @@ node just stops (its agent and engines vanish, no more heartbeats), a crashed no
 its peers see their connections close, a partition cuts links, an engine crash is an exit the
 agent sees, a hung engine is one its agent's probe finds silent, a fabric outage is a link state
 the agents' inventories see, a controller restart kills the controller process (its store
-survives). `set_replicas` is the one operator action: it goes through the controller's
-admin entry point like an API call.
+survives). The operator's actions (`set_replicas`, `set_profile`, cordons and drains, a
+deployment deleted) go through the controller's admin entry point like an API call.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from llmgw_twin.control.protocol import (
 )
 from llmgw_twin.twin.scenario.model import (
     FAULT_KEYS,
+    AddNode,
     ClockSkew,
     Cordon,
     CrashNode,
+    CutFabricLink,
+    DelayHeartbeats,
     DeleteDeployment,
     FabricDown,
     FailGpu,
@@ -39,12 +42,15 @@ from llmgw_twin.twin.scenario.model import (
     RestartController,
     RestartNode,
     Scenario,
+    SetProfile,
     SetReplicas,
+    SlowNode,
     StallController,
     StoreDown,
 )
 from llmgw_twin.twin.world.controller import ControllerShell
 from llmgw_twin.twin.world.leader import ControllerProcess
+from llmgw_twin.twin.world.shapes import shape_fault
 from llmgw_twin.twin.world.sim import World
 
 ENGINE_CRASH_EXIT_CODE = 137
@@ -86,6 +92,10 @@ def schedule_faults(
                 dep = deployments[model]
                 deployments[model] = Deployment(dep.model, dep.profile, replicas)
                 controller.operator(ApplyDeployment(deployments[model]))
+            case SetProfile(model=model, profile=profile):
+                dep = deployments[model]
+                deployments[model] = Deployment(dep.model, profile, dep.replicas)
+                controller.operator(ApplyDeployment(deployments[model]))
             case Cordon() | DeleteDeployment():
                 controller.operator(_operator_call(fault.action))
             case Partition(nodes=nodes, for_ms=for_ms):
@@ -104,14 +114,11 @@ def schedule_faults(
             case FailGpu(node=node, gpu=gpu):
                 world.nodes[node].fail_gpu(gpu)
             case FabricDown(fabric=fabric, for_ms=for_ms):
-                downs[fabric] = downs.get(fabric, 0) + 1
-                world.network.cut_fabric(fabric)
-                for node in world.network.fabric_links(fabric):
-                    world.nodes[node].fabric_link(False)  # the inventory sees the ports go down
-                    world.nodes[node].lose_peers()
-                world.later(for_ms, lambda: _restore(world, fabric, downs))
+                _fabric_down(world, fabric, for_ms, downs)
             case KillEngine() | HangEngine():
                 _engine_fault(world, fault.action)
+            case CutFabricLink() | SlowNode() | DelayHeartbeats() | AddNode():
+                shape_fault(world, fault.action)
             case _:
                 assert_never(fault.action)
 
@@ -171,12 +178,22 @@ def _cut_controller(world: World, proc: ControllerProcess, side: str, for_ms: in
     world.later(for_ms, heal)
 
 
+def _fabric_down(world: World, fabric: FabricId, for_ms: int, downs: dict[FabricId, int]) -> None:
+    downs[fabric] = downs.get(fabric, 0) + 1
+    world.network.cut_fabric(fabric)
+    for node in world.network.fabric_links(fabric):
+        world.nodes[node].fabric_link(False)  # the inventory sees the ports go down
+        world.nodes[node].lose_peers()
+    world.later(for_ms, lambda: _restore(world, fabric, downs))
+
+
 def _restore(world: World, fabric: FabricId, downs: dict[FabricId, int]) -> None:
     downs[fabric] -= 1
     if downs[fabric] == 0:  # overlapping outages: the links come back with the last
         world.network.restore_fabric(fabric)
         for node in world.network.fabric_links(fabric):
-            world.nodes[node].fabric_link(True)
+            if world.network.fabric_link_up(node):  # not one whose own link is still cut
+                world.nodes[node].fabric_link(True)
 
 
 def _operator_call(action: Cordon | DeleteDeployment) -> ControllerEvent:
@@ -205,6 +222,8 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
             return {"action": _action_name(fault), "node": node}
         case SetReplicas(model=model, replicas=replicas):
             return {"action": "set_replicas", "model": model, "replicas": replicas}
+        case SetProfile(model=model, profile=profile):
+            return {"action": "set_profile", "model": model, "profile": profile}
         case Cordon(node=node, op=op):
             return {"action": op, "node": node}
         case DeleteDeployment(model=model):
@@ -232,5 +251,11 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
             return {"action": "fail_gpu", "node": node, "gpu": gpu}
         case FabricDown(fabric=fabric):
             return {"action": "fabric_down", "fabric": fabric}
+        case CutFabricLink(node=node) | SlowNode(node=node):
+            return {"action": _action_name(fault), "node": node}
+        case DelayHeartbeats(nodes=nodes, by_ms=by_ms):
+            return {"action": "delay_heartbeats", "nodes": nodes, "delay_ms": by_ms}
+        case AddNode(info=info):
+            return {"action": "add_node", "node": info.node, "fabric": info.fabric}
         case _:
             assert_never(fault.action)

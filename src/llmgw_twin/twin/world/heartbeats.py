@@ -62,6 +62,10 @@ class Heartbeats:
         self.coasting: dict[NodeId, Coast] = {}
         self._rank = {name: i for i, name in enumerate(sorted(world.nodes))}
         self._seq = count()
+        self._delays: dict[NodeId, list[int]] = {}
+        """Nodes whose heartbeats arrive late now (`delay_heartbeats`): the delays under way."""
+        self._held: dict[NodeId, int] = {}
+        """When each node's last late heartbeat arrives: later ones never overtake it."""
         self._current: int | None = None
         """Rank of the node whose heartbeat is being delivered now, if one is."""
         self.receive: Callable[[Heartbeat], bool] = lambda _msg: False
@@ -100,8 +104,27 @@ class Heartbeats:
 
     def send(self, node: SimNode, report: Heartbeat) -> None:
         latency = self.world.network.control_latency_ms(node.name)
-        if latency is not None:
-            self._push(self.world.now + latency, _DELIVERY, node.name, report)
+        if latency is None:
+            return
+        at = self.world.now + latency
+        delays = self._delays.get(node.name)
+        if delays:  # late, and in the order sent (overlapping delays: the longest counts)
+            at = max(at + max(delays), self._held.get(node.name, 0))
+            self._held[node.name] = at
+        self._push(at, _DELIVERY, node.name, report)
+
+    def delay(self, nodes: tuple[NodeId, ...], by_ms: int) -> None:
+        """From now, the heartbeats of `nodes` arrive `by_ms` late (until `undelay`)."""
+        for name in nodes:
+            self.land(name)  # its heartbeats are events again: each one is late
+            self._delays.setdefault(name, []).append(by_ms)
+
+    def undelay(self, nodes: tuple[NodeId, ...], by_ms: int) -> None:
+        for name in nodes:
+            delays = self._delays[name]
+            delays.remove(by_ms)
+            if not delays:
+                del self._delays[name]
 
     def _on_delivery(self, ev: simpy.Event) -> None:
         msg = cast("Heartbeat", ev.value)
@@ -123,6 +146,8 @@ class Heartbeats:
             or latency is None
             or node.core.heartbeat() is not msg
             or self.world.gpu_violations
+            or node.name in self._delays
+            or self._held.get(node.name, -1) >= self.world.now  # late ones still on the way
         ):
             return
         self.coasting[node.name] = Coast(node.next_beat_at, latency, msg, self.world.now)

@@ -41,6 +41,10 @@ class Network:
             self._members.setdefault(fabric, []).extend(nodes)
         self._control: dict[str, int] | None = None
         self._fabric_cache: dict[FabricId, dict[NodeId, int]] = {}
+        self._link_cuts: dict[NodeId, int] = {}
+        """Nodes whose own fabric link is cut (`cut_fabric_link`), by outages still running."""
+        self._down: set[FabricId] = set()
+        """Fabrics whose links are all down (`fabric_down`)."""
 
     def fabric_of(self, node: NodeId) -> FabricId:
         return self._fabric_of[node]
@@ -103,9 +107,31 @@ class Network:
         return bool(self._g.has_edge(node, _fabric_vertex(self._fabric_of[node])))
 
     def cut_fabric(self, fabric: FabricId) -> None:
+        self._down.add(fabric)
         for node in self.fabric_links(fabric):
             self.cut(node, _fabric_vertex(fabric))
 
     def restore_fabric(self, fabric: FabricId) -> None:
+        """The fabric is back: every link of it whose node's own link is not cut as well."""
+        self._down.discard(fabric)
         for node in self.fabric_links(fabric):
-            self.join(node, _fabric_vertex(fabric), FABRIC_LINK_MS)
+            if not self._link_cuts.get(node):
+                self.join(node, _fabric_vertex(fabric), FABRIC_LINK_MS)
+
+    def cut_link(self, node: NodeId) -> bool:
+        """One node's fabric link goes down (outages of it overlap: it comes back with the
+        last); True when it was up until now."""
+        was_up = self.fabric_link_up(node)
+        self._link_cuts[node] = self._link_cuts.get(node, 0) + 1
+        self.cut(node, _fabric_vertex(self._fabric_of[node]))
+        return was_up
+
+    def restore_link(self, node: NodeId) -> bool:
+        """An outage of the node's own link ends; True when its link is back (the last one
+        ended and its fabric is not down)."""
+        self._link_cuts[node] -= 1
+        if self._link_cuts[node] or self._fabric_of[node] in self._down:
+            return False
+        del self._link_cuts[node]
+        self.join(node, _fabric_vertex(self._fabric_of[node]), FABRIC_LINK_MS)
+        return True

@@ -27,7 +27,13 @@ from llmgw_twin.twin.scenario.model import (
     StateExpectation,
 )
 from llmgw_twin.twin.world.controller import ControllerShell
-from llmgw_twin.twin.world.expect import Outcome, judge_event, judge_requests, judge_state
+from llmgw_twin.twin.world.expect import (
+    Outcome,
+    anchored,
+    judge_event,
+    judge_requests,
+    judge_state,
+)
 from llmgw_twin.twin.world.faults import schedule_faults
 from llmgw_twin.twin.world.network import Network
 from llmgw_twin.twin.world.sim import World
@@ -100,7 +106,7 @@ def run_scenario(scenario: Scenario, seed: int | None = None, bulk: bool = True)
     run_seed = scenario.seed if seed is None else seed
     env = simpy.Environment()
     trace: list[TraceEvent] = []
-    network = Network(scenario.fabrics)
+    network = Network(scenario.all_fabrics)
     shell: ControllerShell | None = None
 
     def to_controller(msg: ControllerEvent) -> None:
@@ -108,14 +114,20 @@ def run_scenario(scenario: Scenario, seed: int | None = None, bulk: bool = True)
             shell.receive(msg)
 
     world = World(
-        env, scenario.nodes, network, scenario.timings, random.Random(run_seed), to_controller, bulk
+        env,
+        scenario.all_nodes,  # a node added later is in the world, powered off until its fault
+        network,
+        scenario.timings,
+        random.Random(run_seed),
+        to_controller,
+        bulk,
     )
     shell = ControllerShell(scenario, world, trace)
     world.heartbeats.receive = shell.receive_heartbeat
     world.heartbeats.on_coast = shell.coast
     world.heartbeats.on_land = shell.land
     schedule_faults(scenario, world, shell, trace)
-    for name in sorted(world.nodes):
+    for name in sorted(n.node for n in scenario.nodes):
         world.nodes[name].boot()
     # the world, the fleet and the controller live for the whole run: keep the collector from
     # walking them again at every full collection (it still collects what the run creates)
@@ -147,18 +159,20 @@ def _run(
         if at_ms + 1 > env.now:
             env.run(until=at_ms + 1)
         leading = tuple(p.name for p in shell.leaders())
-        outcomes[i] = judge_state(state_exp, shell.core, leading)
+        clock = anchored(state_exp.text, scenario.faults)
+        outcomes[i] = judge_state(state_exp, shell.core, leading, clock)
     if scenario.duration_ms + 1 > env.now:
         env.run(until=scenario.duration_ms + 1)
     shell.checks.at_end(shell.core, scenario.duration_ms)
 
     for i, exp in enumerate(scenario.expectations):
         if isinstance(exp, EventExpectation):
-            outcomes[i] = judge_event(exp, trace)
+            outcomes[i] = judge_event(exp, trace, anchored(exp.text, scenario.faults))
         elif isinstance(exp, RequestsExpectation):
             assert shell.traffic is not None  # the loader asks for traffic to the model
             counts = shell.traffic.counts[exp.model]
-            outcomes[i] = judge_requests(exp, counts.arrivals, counts.failed_at)
+            clock = anchored(exp.text, scenario.faults)
+            outcomes[i] = judge_requests(exp, counts.arrivals, counts.failed_at, clock)
     off = dict(scenario.invariants_off)
     invariants = tuple(
         InvariantResult(

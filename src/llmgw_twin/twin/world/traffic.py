@@ -180,7 +180,19 @@ class TrafficRouter:
             return
         pending = _Pending(traffic, arrived, route.replica, retry)
         self._inflight.setdefault(route.replica, []).append(pending)
-        done_ms = FIRST_TOKEN_MS + TOKEN_MS * max(traffic.tokens - 1, 0)
+        # a replica runs at the pace of its slowest node (`slow_node`): a straggler's answer
+        # later than the client's first-byte budget is given up on then (not a replica that died)
+        work_ms = FIRST_TOKEN_MS + TOKEN_MS * max(traffic.tokens - 1, 0)
+        done_ms = max(node.slowed(work_ms) for node, _, _ in engines)
+        if done_ms > self.timeouts.first_byte_ms:
+
+            def too_slow() -> None:
+                if not pending.done:
+                    self._settle(pending)
+                    self._failed(traffic, arrived, route.replica, retry, False)
+
+            self.world.later(self.timeouts.first_byte_ms, too_slow)
+            return
 
         def complete() -> None:
             if pending.done:
@@ -241,11 +253,13 @@ class TrafficRouter:
 
     def _judge_pick(self, rid: ReplicaId, now: int) -> None:
         """`routes_to_ready` for this router: the replica is ready by the controller's word, or
-        by the last word of a controller that died (down, or restarted and not judging it yet)."""
+        by the last word of a controller that died (down, or restarted and not judging it yet,
+        while no node of it is silent: a silent node takes any replica out of routing)."""
         core = self._core()
         rec = core.replica(rid)
         if rid in self._ready_when_down and (
-            not self._up() or (rec is not None and rec.state is ReplicaState.ADOPTING)
+            not self._up()
+            or (rec is not None and rec.state is ReplicaState.ADOPTING and not rec.unroutable)
         ):
             self.checks.checks["routes_to_ready"] += 1
             return
