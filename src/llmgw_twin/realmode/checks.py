@@ -79,7 +79,12 @@ def read_state(exp: StateExpectation, t_ms: int, state: dict[str, Any] | None) -
     problems: list[str] = []
     seen: list[str] = []
     for model, want in exp.ready_replicas or ():
-        got = sum(1 for r in replicas if r["model"] == model and r["state"] == "ready")
+        # as the twin counts them: ready and routable (not on a silent node)
+        got = sum(
+            1
+            for r in replicas
+            if r["model"] == model and r["state"] == "ready" and r.get("routable", True)
+        )
         seen.append(f"{model} ready {got}")
         if got != want:
             problems.append(f"{model}: {got} ready replicas, want {want}")
@@ -132,7 +137,7 @@ def judge_state_readings(
 class RealInvariants:
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
-        self._fabric_of = {n.node: n.fabric for n in scenario.nodes}
+        self._fabric_of = {n.node: n.fabric for n in scenario.all_nodes}
         self.violations: dict[str, list[str]] = {name: [] for name in INVARIANTS}
         self.checks: dict[str, int] = dict.fromkeys(INVARIANTS, 0)
         self._picks: list[tuple[int, str]] = []

@@ -115,7 +115,7 @@ class RealCluster:
         """The engines' peer links and InfiniBand ports per fabric (after `prepare_nodes`)."""
         self.hung: set[int] = set()
         """Engine process groups stopped (SIGSTOP) by `hang_engine`: killed at the end."""
-        self.ports = lease_ports(len(scenario.nodes))
+        self.ports = lease_ports(len(scenario.all_nodes))
         """The agents' port ranges (sidecars, engines), no other run's: `realmode/ports.py`."""
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -155,15 +155,17 @@ class RealCluster:
         return path
 
     async def prepare_nodes(self, engine_binaries: dict[str, dict[str, str]]) -> None:
-        """Roots, proxies and agent configs for every node of the scenario."""
+        """Roots, proxies and agent configs for every node of the scenario (one `add_node`
+        brings too: its agent starts at the fault's instant)."""
         slot = os.getpid() % 50_000
-        addresses = {n.node: node_address(slot, i) for i, n in enumerate(self.scenario.nodes)}
-        roots = {n.node: self.workdir / "nodes" / n.node for n in self.scenario.nodes}
+        every = self.scenario.all_nodes
+        addresses = {n.node: node_address(slot, i) for i, n in enumerate(every)}
+        roots = {n.node: self.workdir / "nodes" / n.node for n in every}
         self.fabrics = RealFabrics(self.scenario, roots, addresses, slot)
         await self.fabrics.start()
         # the agents' launch policy: the models the scenario's profiles name, and nothing else
         models = sorted({p.model for p in self.scenario.profiles if p.engine != "sim"})
-        for i, info in enumerate(self.scenario.nodes):
+        for i, info in enumerate(every):
             root = roots[info.node]
             write_sysfs_root(
                 root, gpus=info.gpus, fabric_prefix=fabric_prefix_for(info.fabric), node=info.node

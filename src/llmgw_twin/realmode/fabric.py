@@ -52,18 +52,18 @@ class RealFabrics:
         self._bases = [RENDEZVOUS_PORT_BASE] if multi else []
         if any(p.engine == "llamacpp" for p in multi):
             self._bases.append(RPC_PORT_BASE)
-        self.fabric_of = {n.node: n.fabric for n in scenario.nodes}
+        self.fabric_of = {n.node: n.fabric for n in scenario.all_nodes}
         self.addresses: dict[NodeId, str] = {}
         """Where peers reach each node's engines: its fabric address when it has proxies."""
         self.proxies: dict[FabricId, list[CuttableProxy]] = {}
         self._downs: dict[FabricId, int] = {}
-        for i, info in enumerate(scenario.nodes):
-            fabric_nodes = dict(scenario.fabrics)[info.fabric]
+        for i, info in enumerate(scenario.all_nodes):
+            fabric_nodes = dict(scenario.all_fabrics)[info.fabric]
             if self._bases and len(fabric_nodes) > 1 and info.gpus > 0:
                 self.addresses[info.node] = fabric_address(run_slot, i)
 
     async def start(self) -> None:
-        for info in self.scenario.nodes:
+        for info in self.scenario.all_nodes:
             address = self.addresses.get(info.node)
             if address is None:
                 continue

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import assert_never
 
 import httpx
@@ -23,9 +24,12 @@ from llmgw_twin.realmode.cluster import RealCluster, children_groups
 from llmgw_twin.service.agent.node_watch import poll_interval_ms
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
+    AddNode,
     ClockSkew,
     Cordon,
     CrashNode,
+    CutFabricLink,
+    DelayHeartbeats,
     DeleteDeployment,
     FabricDown,
     FailGpu,
@@ -40,7 +44,9 @@ from llmgw_twin.twin.scenario.model import (
     RestartController,
     RestartNode,
     Scenario,
+    SetProfile,
     SetReplicas,
+    SlowNode,
     StallController,
     StoreDown,
 )
@@ -64,9 +70,11 @@ SUPPORTED = (
     FailGpu,
     FabricDown,
     SetReplicas,
+    SetProfile,
     Cordon,
     DeleteDeployment,
     RestartAgent,
+    AddNode,
 )
 
 
@@ -123,6 +131,13 @@ class RealFaults:
                     serve_ns = int(t0 * 1e9) + (fault.at_ms + down_for_ms) * 1_000_000
                     start_at = t0 + (fault.at_ms - lead_ms) / 1000
                     self._pending.append(loop.call_at(start_at, self._standby, serve_ns))
+                case AddNode(info=info):
+                    # its agent loads ahead and registers from the fault's instant
+                    lead_ms = min(lead_max, fault.at_ms)
+                    serve_ns = int(t0 * 1e9) + fault.at_ms * 1_000_000
+                    start_at = t0 + (fault.at_ms - lead_ms) / 1000
+                    self._booted.add(id(fault))
+                    self._pending.append(loop.call_at(start_at, self._boot, info.node, serve_ns))
                 case (
                     RestartNode()
                     | Partition()
@@ -132,6 +147,7 @@ class RealFaults:
                     | FailGpu()
                     | FabricDown()
                     | SetReplicas()
+                    | SetProfile()
                     | Cordon()
                     | DeleteDeployment()
                     | KillController()
@@ -139,10 +155,19 @@ class RealFaults:
                     | PartitionController()
                     | StoreDown()
                     | ClockSkew()
+                    | CutFabricLink()
+                    | SlowNode()
+                    | DelayHeartbeats()
                 ):
                     pass  # nothing started ahead for these (a controller's own: refused)
                 case _:
                     assert_never(fault.action)
+
+    def _add_node(self, fault: Fault, node: NodeId) -> None:
+        """A node is added: its agent starts now, unless `boot_ahead` started it already (then
+        it registers from now on its own)."""
+        if id(fault) not in self._booted:
+            self.cluster.start_agent(node)
 
     def _standby(self, serve_ns: int) -> None:
         config = self.cluster.workdir / "controller.yaml"
@@ -187,10 +212,9 @@ class RealFaults:
             case RestartController(down_for_ms=down_for_ms):
                 await self._restart_controller(down_for_ms)
             case SetReplicas(model=model, replicas=replicas):
-                dep = self._deployments[model]
-                task = asyncio.create_task(self._set_replicas(client, model, dep.profile, replicas))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._put_deployment(client, model, "set_replicas", replicas=replicas)
+            case SetProfile(model=model, profile=profile):
+                self._put_deployment(client, model, "set_profile", profile=profile)
             case Cordon() | DeleteDeployment():
                 task = asyncio.create_task(self._operate(client, fault.action))
                 self._tasks.add(task)
@@ -212,9 +236,13 @@ class RealFaults:
                 cluster.start_agent(node, not_before_ns=time.monotonic_ns() + down_for_ms * 10**6)
             case HangEngine(node=node, replica_of=model):
                 await asyncio.to_thread(self._hang_engine, node, model)
+            case AddNode(info=info):
+                self._add_node(fault, info.node)
             case (
-                KillController() | StallController() | PartitionController() | StoreDown()
-            ) | ClockSkew():
+                (KillController() | StallController() | PartitionController() | StoreDown())
+                | ClockSkew()
+                | (CutFabricLink() | SlowNode() | DelayHeartbeats())
+            ):
                 raise AssertionError("refused up front (check_real_supported)")
             case _:
                 assert_never(fault.action)
@@ -230,10 +258,27 @@ class RealFaults:
             serve_at = time.monotonic_ns() + down_for_ms * 1_000_000
             cluster.start_controller(cluster.workdir / "controller.yaml", not_before_ns=serve_at)
 
-    async def _set_replicas(
-        self, client: httpx.AsyncClient, model: str, profile: str, replicas: int
+    def _put_deployment(
+        self, client: httpx.AsyncClient, model: ModelName, what: str, **change: object
     ) -> None:
-        """The operator's call; its client retries while the API is down, until the run ends."""
+        """`set_replicas` and `set_profile`: the deployment as the operator now wants it (the
+        faults before, in order, applied to the file's), sent whole in one PUT."""
+        dep = self._deployments[model] = replace(self._deployments[model], **change)  # type: ignore[arg-type]
+        call = self._set_replicas(client, model, dep.profile, dep.replicas, what)
+        task = asyncio.create_task(call)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _set_replicas(
+        self,
+        client: httpx.AsyncClient,
+        model: str,
+        profile: str,
+        replicas: int,
+        what: str = "set_replicas",
+    ) -> None:
+        """The operator's PUT of the deployment (`set_replicas`, `set_profile`); its client
+        retries while the API is down, until the run ends."""
         url = f"{self.cluster.controller_url}/v1/admin/deployments/{model}"
         while self.now_ms() < self.scenario.duration_ms:
             with contextlib.suppress(httpx.HTTPError):
@@ -241,7 +286,7 @@ class RealFaults:
                 if r.status_code == 200:
                     return
             await asyncio.sleep(POLL_S)
-        self.progress(f"set_replicas {model}={replicas} never reached the controller")
+        self.progress(f"{what} {model} ({profile} x {replicas}) never reached the controller")
 
     async def _operate(self, client: httpx.AsyncClient, action: Cordon | DeleteDeployment) -> None:
         """An operator action through the admin API, retried while the API is down."""
@@ -338,7 +383,7 @@ class RealFaults:
         loop = asyncio.get_running_loop()
         reads_s = poll_interval_ms(self.scenario.timings.heartbeat_interval_ms) / 1000
         deadline = loop.time() + 3 * reads_s + 1.0
-        members = dict(self.scenario.fabrics)[fabric]
+        members = dict(self.scenario.all_fabrics)[fabric]
         nodes = {
             n for n in members if self.cluster.nodes[n].proc is not None and not self._cuts.get(n)
         }
@@ -371,15 +416,28 @@ REFUSED: dict[type, str] = {
     PartitionController: _ONE_CONTROLLER,
     StoreDown: _ONE_CONTROLLER,
     ClockSkew: _ONE_CONTROLLER,
+    CutFabricLink: (
+        "real mode's fabric model cuts a whole fabric: its proxies stand in front of the ports "
+        "a node listens on, and a connection the node dials out to a peer passes no proxy of "
+        "its own, so one node's link cannot be cut alone yet (the twin models it)"
+    ),
+    SlowNode: (
+        "the sim engine takes its load time as a flag at start and has no pace to change while "
+        "it runs, so a straggler runs in the twin only"
+    ),
+    DelayHeartbeats: (
+        "the proxy between an agent and the controller cuts (a partition) but does not hold "
+        "messages back, so late heartbeats run in the twin only"
+    ),
 }
 """Why a fault the twin models is refused up front here."""
 
 
 def check_real_supported(scenario: Scenario) -> None:
-    if len(scenario.nodes) > ports.UNITS:
+    if len(scenario.all_nodes) > ports.UNITS:
         raise ValueError(
             f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
-            f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.nodes)}"
+            f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.all_nodes)}"
         )
     if scenario.controllers > 1:
         raise ValueError(

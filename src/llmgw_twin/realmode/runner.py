@@ -165,7 +165,7 @@ class RealRun:
             await asyncio.to_thread(cluster.wait_healthy, cluster.router_url, cluster.router)
         async with httpx.AsyncClient(timeout=5.0, headers=cluster.admin_headers) as client:
             await cluster.onboard_all(client)
-            for node in sorted(cluster.nodes):
+            for node in sorted(n.node for n in self.scenario.nodes):  # added ones: at their fault
                 cluster.start_agent(node)
             # Processes take seconds to start where the twin's take none: the run's clock starts
             # once every agent has registered, with the deployments applied at that instant, so
@@ -187,7 +187,7 @@ class RealRun:
             self.checks.at_end(self.now_ms(), state, agents)
 
     async def _wait_registered(self, client: httpx.AsyncClient) -> None:
-        want = len(self.cluster.nodes)
+        want = len(self.scenario.nodes)
         deadline = time.monotonic() + REGISTER_DEADLINE_S
         while time.monotonic() < deadline:
             state = await self._state(client)
