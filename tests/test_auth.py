@@ -136,6 +136,14 @@ ENDPOINTS: list[tuple[str, str, str, dict[str, Any] | None]] = [
 ]
 
 
+def detail_of(r: httpx.Response) -> str:
+    """A refusal's message: JSON's `detail`, or the text itself where the route answers in
+    text (`/metrics`)."""
+    if r.headers["content-type"].startswith("text/plain"):
+        return r.text
+    return str(r.json()["detail"])
+
+
 def test_every_controller_endpoint_refuses_no_token_a_wrong_one_and_the_wrong_kind(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -170,8 +178,8 @@ def test_every_controller_endpoint_refuses_no_token_a_wrong_one_and_the_wrong_ki
                 ]:
                     headers = {"authorization": f"Bearer {token}"} if token is not None else {}
                     r = await f.client.request(method, path, json=body, headers=headers)
-                    assert (r.status_code, r.json()["detail"]) == (status, detail.rstrip()) or (
-                        r.status_code == status and r.json()["detail"].startswith(detail)
+                    assert (r.status_code, detail_of(r)) == (status, detail.rstrip()) or (
+                        r.status_code == status and detail_of(r).startswith(detail)
                     ), (path, token, r.text)
                     assert r.headers["www-authenticate"] == "Bearer"
                 for kind, token in callers.items():
@@ -181,10 +189,10 @@ def test_every_controller_endpoint_refuses_no_token_a_wrong_one_and_the_wrong_ki
                     elif kind == "other node" and who == "node":
                         # a node's token speaks for that node only
                         assert r.status_code == 403, (path, r.text)
-                        assert "cannot speak for n1" in r.json()["detail"]
+                        assert "cannot speak for n1" in detail_of(r)
                     else:
                         assert r.status_code == 403, (path, kind, r.text)
-                        assert "may not call this endpoint" in r.json()["detail"]
+                        assert "may not call this endpoint" in detail_of(r)
             # /health is open, and says nothing about the fleet
             assert (await f.client.get("/health")).json() == {"status": "ok"}
         # refusals are logged, the tokens never

@@ -19,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from llmgw_twin.control.model import ModelName
 from llmgw_twin.control.routing import Router
+from llmgw_twin.service.common.openapi import TEXT_ERRORS
 
 
 class Scraped(Protocol):
@@ -41,6 +42,7 @@ def add_metrics_route(app: FastAPI, metrics: Scraped, dependencies: Sequence[Any
         dependencies=list(dependencies),
         response_class=PlainTextResponse,
         summary="Metrics in Prometheus's text format",
+        responses=TEXT_ERRORS,  # its refusals are text too (`openapi.TEXT_PATHS`)
     )
     async def scrape() -> Response:
         return metrics.response()

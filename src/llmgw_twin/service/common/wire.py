@@ -24,14 +24,11 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection
 from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -42,7 +39,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmgw_twin import codec
 from llmgw_twin.control import protocol as p
@@ -56,6 +52,7 @@ from llmgw_twin.control.model import (
     ShardState,
     TraceEvent,
 )
+from llmgw_twin.service.common import errors
 from llmgw_twin.service.common.limits import (
     MAX_ARGS,
     MAX_ARGS_CHARS,
@@ -68,9 +65,12 @@ from llmgw_twin.service.common.limits import (
     MAX_REPLICAS,
     MAX_SHARDS_PER_MESSAGE,
 )
-from llmgw_twin.service.common.replies import error_content
 
-log = logging.getLogger(__name__)
+# the error replies, where they were first (`errors.py`)
+Refused = errors.Refused
+describe_errors = errors.describe_errors
+error_reply = errors.error_reply
+install_error_handlers = errors.install_error_handlers
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 Name = Annotated[
@@ -99,12 +99,22 @@ URL_PATTERN = r"^https?://[\x21-\x2e\x30-\x7e]+(/[\x21-\x7e]*)?$"
 
 
 def _sendable(url: str) -> str:
-    """A URL the HTTP client takes: one it refuses (a bad port, a bad IPv6 address, a control
+    """A URL the HTTP client takes, with a host and a port a connection can be made to: one
+    that is not (a bad or unclosed IPv6 address, a port out of 1-65535, no host, a control
     character) would otherwise be stored, then fail every send to it."""
     try:
+        parts = urlsplit(url)
         httpx.URL(url)
-    except httpx.InvalidURL as e:
+    except (ValueError, httpx.InvalidURL) as e:  # an unclosed or bad IPv6 address, say
         raise ValueError(f"not a URL the HTTP client can send to: {e}") from None
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError("not a URL the HTTP client can send to: its port is not from 1 to 65535")
+    if not parts.hostname:
+        raise ValueError("not a URL the HTTP client can send to: it names no host")
     return url
 
 
@@ -353,75 +363,3 @@ class TraceEventW(Wire):
             k: list(v) if isinstance(v, tuple) else v for k, v in ev.subjects
         }
         return TraceEventW(t_ms=ev.t_ms, kind=ev.kind, subjects=subjects)
-
-
-# --- error replies -----------------------------------------------------------------------------
-
-
-def describe_errors(errors: Sequence[Any]) -> str:
-    """One clause per failed field: `body.info.gpus: Input should be a valid integer`."""
-    parts = []
-    for err in errors:
-        loc = tuple(err.get("loc", ()))
-        if err.get("type") == "json_invalid" and len(loc) == 2:
-            reason = (err.get("ctx") or {}).get("error", "invalid")
-            parts.append(f"{loc[0]}: not valid JSON at character {loc[1]} ({reason})")
-            continue
-        where = ".".join(str(x) for x in loc) or "request"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts)
-
-
-class Refused(Exception):
-    """A request the shell or the core turned down (an unknown profile, a node mismatch): the
-    reply is `status` with this message."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def error_reply(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error a JSON `{"detail": message}`; bad input 422, never a 500. On the routes
-    OpenAI clients call, the body also carries OpenAI's `error` object (`replies.error_content`),
-    so those clients show the message."""
-
-    def reply(
-        request: Request,
-        status: int,
-        message: str,
-        headers: Mapping[str, str] | None = None,
-        code: str | None = None,
-    ) -> JSONResponse:
-        content = error_content(request.url.path, status, message, code)
-        return JSONResponse(content, status_code=status, headers=headers)
-
-    async def invalid(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        message = "invalid request: " + describe_errors(exc.errors())
-        content_type = request.headers.get("content-type", "")
-        if request.method in ("POST", "PUT") and "json" not in content_type:
-            message += " (send the body as JSON, with content-type: application/json)"
-        return reply(request, 422, message)
-
-    async def http_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        code = getattr(exc, "code", None)
-        return reply(request, exc.status_code, str(exc.detail), exc.headers, code)
-
-    async def refused(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, Refused)
-        return reply(request, exc.status, str(exc))
-
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error in %s %s", request.method, request.url.path)
-        return reply(request, 500, f"internal error: {type(exc).__name__}: {exc}")
-
-    app.add_exception_handler(RequestValidationError, invalid)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Refused, refused)
-    app.add_exception_handler(Exception, unexpected)
