@@ -138,12 +138,12 @@ def explain(core: Controller, rid: ReplicaId) -> dict[str, Any] | None:
             "one_fabric": True,
         },
     }
-    copy = core.drains.copy_of(rec.id)
+    copy = core.drains.copy_of(rec.id) or core.rollout.copy_of(rec.id)
     if copy is not None:
         out["moving_to"] = copy
-    moves = core.moves()
-    if rec.id in moves:
-        out["copy_of"] = moves[rec.id]
+    original = core.moves().get(rec.id) or core.rollout.original_of(rec.id)
+    if original is not None:
+        out["copy_of"] = original
     if not rec.state.live:
         out["why"] = f"{rec.state.value}: no longer managed"
         return out

@@ -1,4 +1,5 @@
-"""Moves: the one make-before-break service, used by the defragmenter and by the drainer.
+"""Moves: the one make-before-break service, used by the defragmenter, the drainer and the
+rollout of a changed profile.
 
 A move replaces a running replica (the original) with a new one of the same model (the copy).
 The copy does not count toward its deployment while the original lives; once it is ready and
@@ -6,16 +7,16 @@ routable (no node of it suspect, every one heard alive), the original is retired
 step (`Lifecycle.take_over`), so the deployment never has fewer ready replicas than before.
 
 `Moves` keeps every move in flight, each under the part that started it (`DEFRAG`: the
-defragmenter's, `DRAIN`: the drainer's), and the room a defragmentation holds for the pending
-replica it makes room for. The lifecycle tells it of replicas that become ready or go (the
-`ready` and `gone` hooks); it answers with the moves that complete and the moves that break, and
-the lifecycle carries them out. The users start moves here and read what is in flight; they are
-told of nothing directly, and what a user must learn later (that a plan broke, that a replica
-became ready) waits here until that user asks (`take_broken`, `take_readied`).
+defragmenter's, `DRAIN`: the drainer's, `ROLLOUT`: the rollout's), and the room a defragmentation
+holds for the pending replica it makes room for. The lifecycle tells it of replicas that become
+ready or go (the `ready` and `gone` hooks); it answers with the moves that complete and the moves
+that break, and the lifecycle carries them out. The users start moves here and read what is in
+flight; they are told of nothing directly, and what a user must learn later (that a plan broke,
+that a replica became ready) waits here until that user asks (`take_broken`, `take_readied`).
 
 Invariants: a replica is the copy of at most one move; a defragmentation's held room is freed the
 moment its last move completes or any of its moves breaks; a user's moves are handled in the
-order of their copies' ids (with the defragmenter's before the drainer's), as are a
+order of their copies' ids (the defragmenter's, then the drainer's, then the rollout's), as are a
 replica's breaks.
 """
 
@@ -25,14 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from llmgw_twin.control.model import NodeId, ReplicaId
+from llmgw_twin.control.model import NodeId, ProfileName, ReplicaId
 from llmgw_twin.control.placement import CapacityIndex
 from llmgw_twin.control.replicas import ReplicaRecord
 
-MoveUser = Literal["defrag", "drain"]
+MoveUser = Literal["defrag", "drain", "rollout"]
 DEFRAG: MoveUser = "defrag"
 DRAIN: MoveUser = "drain"
-USERS: tuple[MoveUser, ...] = (DEFRAG, DRAIN)
+ROLLOUT: MoveUser = "rollout"
+USERS: tuple[MoveUser, ...] = (DEFRAG, DRAIN, ROLLOUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +43,17 @@ class Move:
     original: ReplicaId
     copy: ReplicaId
     drain: NodeId | None = None
-    """The node a drain move empties; None for a defragmentation's."""
+    """The node a drain move empties; None for the others'."""
+    profile: ProfileName | None = None
+    """The profile a rollout move's copy runs; None for the others'."""
 
     @property
     def why(self) -> str:
-        """What the move's end says: a drain's `drain of NODE`; nothing for a defragmentation."""
-        return f"drain of {self.drain}" if self.drain is not None else ""
+        """What the move's end says: a drain's `drain of NODE`, a rollout's `profile changed to
+        P`; nothing for a defragmentation."""
+        if self.drain is not None:
+            return f"drain of {self.drain}"
+        return f"profile changed to {self.profile}" if self.profile is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +193,7 @@ class Moves:
             freed |= self._break(user)
             if scaled_down:
                 broken.append(Broken(move, rec.model, f"{rec.id} scaled down", reap_copy=True))
-            elif user is DEFRAG:  # a drain's copy takes its original's place without a word
+            elif user is not DRAIN:  # a drain's copy takes its original's place without a word
                 reason = f"{rec.id} failed; {move.copy} replaces it"
                 broken.append(Broken(move, rec.model, reason))
         return broken, freed

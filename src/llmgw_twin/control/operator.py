@@ -1,6 +1,7 @@
-"""The operator's word to the controller: profiles, deployments, failed GPUs cleared,
-quarantines lifted, deployments deleted, nodes cordoned and drained. Each is checked first: a
-refusal (`ValueError`, answered 4xx by the shell) changes nothing."""
+"""The operator's word to the controller: profiles, deployments (a changed profile is rolled
+out: `rollout.Rollout`), failed GPUs cleared, quarantines lifted, deployments deleted, nodes
+cordoned and drained. Each is checked first: a refusal (`ValueError`, answered 4xx by the shell)
+changes nothing."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from llmgw_twin.control.protocol import (
     DeleteDeployment,
     Drain,
 )
+from llmgw_twin.control.rollout import Rollout
 
 OperatorEvent = (
     ApplyProfile
@@ -40,12 +42,14 @@ class Operator:
         deployments: dict[ModelName, Deployment],
         failures: FailureBook,
         drain: Drainer,
+        rollout: Rollout,
     ) -> None:
         self._life = life
         self._profiles = profiles
         self._deployments = deployments
         self._failures = failures
         self._drain = drain
+        self._rollout = rollout
 
     def handle(self, event: OperatorEvent) -> None:
         match event:
@@ -55,9 +59,12 @@ class Operator:
             case ApplyDeployment(deployment=dep):
                 if dep.profile not in self._profiles:
                     raise ValueError(f"deployment {dep.model}: unknown profile {dep.profile}")
+                was = self._deployments.get(dep.model)
                 self._deployments[dep.model] = dep
                 self._life.replicas.track_model(dep.model)
                 self._life.out.write(durable.PutDeployment(dep))
+                if was is not None and was.profile != dep.profile:
+                    self._rollout.changed(dep.model, was.profile, dep.profile)
             case ClearFailedGpu(node=node, gpu=gpu):
                 capacity = self._life.capacity
                 if not capacity.has_node(node) or not capacity.clear_failed_gpu(node, gpu):

@@ -49,6 +49,7 @@ REASON_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("shard_down", r"^shard \d+ on \S+ went "),
         ("start_timeout", r"^not ready within "),
         ("leader_unresponsive", r"^leader on \S+ not answering for "),
+        ("worker_unresponsive", r"^worker rank \d+ on \S+.* not answering for "),
         ("node_lost", r"^node \S+ lost$"),
         ("node_changed", r"^node \S+ registered again: "),
         ("gpu_failed", r"^GPU \d+ failed on "),
@@ -57,6 +58,7 @@ REASON_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("moved", r"^moved to "),
         ("drain_ended", r"^drain of \S+ ended$"),
         ("deployment_deleted", r"^deployment deleted$"),
+        ("profile_changed", r"^profile changed to \S+"),
     )
 )
 """The class of a failure's or a reap's reason, by the wording the core gives it (the first

@@ -149,7 +149,7 @@ def render_explain(a: dict[str, Any]) -> str:
         f"  why: {a.get('why')}",
     ]
     if a.get("moving_to"):
-        lines.append(f"  moving to: {a['moving_to']} (a drain copy)")
+        lines.append(f"  moving to: {a['moving_to']} (a drain's or a rollout's copy)")
     if a.get("copy_of"):
         lines.append(f"  copy of: {a['copy_of']}")
     for s in a.get("shards", []):

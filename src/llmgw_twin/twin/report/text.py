@@ -30,6 +30,8 @@ _ORDER = (
     "to",
     "rank",
     "replicas",
+    "profile",
+    "was",
 )
 _LATER = ("adopted", "restored", "ready", "down_for_ms", "side", "reason")
 
