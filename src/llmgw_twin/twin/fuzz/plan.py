@@ -49,11 +49,17 @@ class PlanFault:
     controller: str = ""
     side: str = ""
     rate: str = ""
+    by_ms: int = 0
+    """`delay_heartbeats`: how late each heartbeat sent in the window arrives."""
+    gpus: int = 0
+    """`add_node`: the added node's GPUs."""
+    profile: str = ""
 
     @property
     def end_ms(self) -> int:
-        """When the fault is over (partitions, outages); its instant for the others."""
-        return self.at_ms + self.for_ms
+        """When the fault is over (partitions, outages, the last late heartbeat landed); its
+        instant for the others."""
+        return self.at_ms + self.for_ms + self.by_ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,12 +130,13 @@ def _simpler(plan: Plan) -> Iterator[Plan]:
 
 def without_model(plan: Plan, model: str) -> Plan:
     deployments = tuple(d for d in plan.deployments if d.model != model)
-    used = {d.profile for d in deployments}
+    faults = tuple(f for f in plan.faults if f.model != model)
+    used = {d.profile for d in deployments} | {f.profile for f in faults if f.profile}
     return replace(
         plan,
         deployments=deployments,
         profiles=tuple(p for p in plan.profiles if p.name in used),
-        faults=tuple(f for f in plan.faults if f.model != model),
+        faults=faults,
     )
 
 
