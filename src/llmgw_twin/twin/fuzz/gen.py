@@ -20,7 +20,7 @@ lasts `heal_at_ms + liveness_bound_ms(plan)`.
 from __future__ import annotations
 
 import random
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from llmgw_twin.control.model import Timings
 from llmgw_twin.twin.fuzz.leaders import (
@@ -32,6 +32,8 @@ from llmgw_twin.twin.fuzz.leaders import (
     leadership_bound_ms,
 )
 from llmgw_twin.twin.fuzz.plan import Plan, PlanDeployment, PlanFault, PlanNode, PlanProfile
+from llmgw_twin.twin.fuzz.rollouts import ROLLOUT_KINDS, profile_faults, profile_heal, profile_line
+from llmgw_twin.twin.fuzz.shapes import SHAPE_KINDS, shape_faults, shape_line
 from llmgw_twin.units import fmt_duration, setting_keys
 
 SWARM_KINDS: tuple[str, ...] = (
@@ -51,7 +53,8 @@ OPERATOR_KINDS: tuple[str, ...] = ("cordon", "drain", "restart_agent")
 """Further kinds, each enabled in about a third of the seeds by a random source of their own
 (`_operator_faults`), so that the plans of the kinds above are what they were before these came:
 a node cordoned or drained (uncordoned at the heal), an agent that dies alone and comes back."""
-FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS + CONTROLLER_KINDS
+FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS + CONTROLLER_KINDS + ROLLOUT_KINDS
+FAULT_KINDS += SHAPE_KINDS
 
 FABRIC_NAMES = ("ib-a", "ib-b", "ib-c")
 SLACK_MS = 30_000
@@ -84,6 +87,7 @@ def generate(seed: int) -> Plan:
         restart_backoff_max_ms=rng.choice((30_000, 60_000)),
         quarantine_for_ms=rng.choice((120_000, 240_000)),
     )
+    timings = pace_timings(seed, timings)
     n_deployments = rng.randint(1, 3)
     profiles = tuple(
         PlanProfile(f"p{i + 1}", rng.randint(1, 2), _gpus(rng), rng.randint(5, 30) * 1000)
@@ -108,6 +112,13 @@ def generate(seed: int) -> Plan:
     enabled += more
     faults += extra
     extra, more, controllers = controller_faults(seed, plan, start_ms)
+    enabled += more
+    faults += extra
+    extra, more, added = profile_faults(seed, plan, start_ms)  # `rollouts.py`
+    enabled += more
+    faults += extra
+    profiles += added
+    extra, more = shape_faults(seed, plan, start_ms)  # `shapes.py`
     enabled += more
     faults += extra
     faults.sort(key=lambda f: f.at_ms)  # stable: ties keep the order they were drawn in
@@ -206,7 +217,7 @@ def heal_faults(plan: Plan) -> tuple[PlanFault, ...]:
         for d in plan.deployments
         if current[d.model] != wanted[d.model]
     ]
-    return (*restarts, *uncordons, *sets, *controller_heal(plan))
+    return (*restarts, *uncordons, *sets, *profile_heal(plan), *controller_heal(plan))
 
 
 def failed_gpus(plan: Plan) -> dict[str, set[int]]:
@@ -228,10 +239,38 @@ def liveness_bound_ms(plan: Plan) -> int:
     load = max((p.load_ms for p in plan.profiles), default=0)
     recover = max(2 * load + t.start_grace_ms, t.probe_interval_ms + t.unresponsive_grace_ms)
     wait = max(t.quarantine_for_ms, t.restart_backoff_max_ms)
-    bound = t.node_lost_after_ms + recover + wait + load + SLACK_MS
+    bound = t.node_lost_after_ms + recover + wait + load + SLACK_MS + pace_ms(plan)
     if any(f.kind == "clock_skew" for f in plan.faults):
         bound = int(bound / SLOWEST) + 1  # a slow controller's timers run that much longer
     return bound + leadership_bound_ms(plan)
+
+
+def pace_timings(seed: int, timings: Timings) -> Timings:
+    """In about half the seeds, eviction budgets small enough to bind (2 or 4 replicas a minute
+    in the fleet, 1 or 2 in a fabric), and in about half a mass-loss hold bound of 2 to 4
+    minutes: from a random source of their own, so every other draw of the seed is unchanged."""
+    rng = random.Random(f"pace-{seed}")
+    if rng.random() < 0.5:
+        timings = replace(
+            timings,
+            eviction_budget=rng.choice((2, 4)),
+            eviction_fabric_budget=rng.choice((1, 2)),
+        )
+    if rng.random() < 0.5:
+        timings = replace(timings, mass_loss_hold_max_ms=rng.choice((2, 3, 4)) * 60_000)
+    return timings
+
+
+def pace_ms(plan: Plan) -> int:
+    """How much later the eviction pace may declare the last silent node lost: if every
+    desired replica sat on silent nodes, the smallest budget takes them down in
+    `ceil(replicas / budget)` windows, the first at once (0 for the generator's usual plans)."""
+    t = plan.timings
+    budgets = [b for b in (t.eviction_budget, t.eviction_fabric_budget) if b > 0]
+    if not budgets:
+        return 0
+    replicas = sum(d.replicas for d in plan.deployments)
+    return t.eviction_window_ms * max(0, -(-replicas // min(budgets)) - 1)
 
 
 def duration_ms(plan: Plan) -> int:
@@ -321,6 +360,10 @@ def _fault_line(f: PlanFault, fault_id: str) -> str:
             body = f"fabric_down: {{fabric: {f.fabric}, for: {fmt_duration(f.for_ms)}}}"
         case "set_replicas":
             body = f"set_replicas: {{model: {f.model}, replicas: {f.replicas}}}"
+        case "set_profile":
+            body = profile_line(f)
+        case "cut_fabric_link" | "slow_node" | "delay_heartbeats" | "add_node":
+            body = shape_line(f)
         case _:
             body = controller_line(f)
     return head + body + "}"
