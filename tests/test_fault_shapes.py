@@ -350,3 +350,19 @@ def test_every_smaller_plan_the_shrinker_tries_of_a_shape_seed_loads() -> None:
         load_scenario_text(gen.scenario_text(smaller), f"seed-{seed}-candidate-{i}.yaml")
         for f in smaller.faults:
             assert f.end_ms <= smaller.heal_at_ms or f.kind not in shapes.SHAPE_KINDS
+
+
+def test_without_report_versions_a_late_heartbeat_fails_a_ready_replacement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmgw_twin.control.nodes import NodeRegistry
+
+    sc = scenario("delay-heartbeats")
+    assert run_scenario(sc).passed
+    monkeypatch.setattr(NodeRegistry, "stale", lambda *_: False)
+    result = run_scenario(sc)
+    assert not result.passed
+    late = [
+        e for e in result.trace if e.kind == "replica.failed" and "vanished" in str(e.get("reason"))
+    ]
+    assert late, "a late report without the replacement made it look vanished"
