@@ -20,6 +20,7 @@ from llmgw_twin.control.model import (
     ShardReport,
     ShardSpec,
     ShardState,
+    TraceEvent,
 )
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
@@ -30,6 +31,7 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
+from llmgw_twin.control.routing import Router, snapshot_of
 from llmgw_twin.store.sqlite import Store
 
 M = model("llama")
@@ -154,8 +156,14 @@ def test_a_node_silent_through_a_long_outage_is_lost_at_the_first_reconcile() ->
     for name in ("n2", "n3", "n4"):
         report_from(ctl, old, name, 100_002)
     tick = ctl.tick(101_000)
-    assert kinds(tick)[:4] == ["node.suspect", "node.lost", "replica.failed", "replica.reaped"]
-    assert tick.events[1].get("node") == "n1"
+    assert kinds(tick)[:5] == [
+        "node.suspect",
+        "replica.unroutable",  # out of routing the moment its node is silent, adopting or not
+        "node.lost",
+        "replica.failed",
+        "replica.reaped",
+    ]
+    assert tick.events[2].get("node") == "n1"
     assert ctl.node_state(NodeId("n2")) is NodeState.ALIVE  # answered the report request
 
 
@@ -248,3 +256,82 @@ def test_a_replica_whose_shards_are_still_preparing_is_adopted_not_failed() -> N
     tick = ctl.tick(101_000)
     assert kinds(tick) == ["replica.adopted", "replica.adopted", "controller.started"]
     assert "replica.failed" not in kinds(tick)
+
+
+def test_an_unheard_replica_is_out_of_routing_but_kept_until_its_node_is_lost() -> None:
+    """As a controller that never restarted treats a replica on a suspect node: out of routing
+    (the routers told, whatever its state: adopting here), still counted, not replaced, and
+    adopted as it was when the node answers before it is declared lost."""
+    old, state = running_fleet()
+    router = Router()  # a router beside the controllers, which routed both before the restart
+    for rec in old.ready_replicas(M):
+        router.follow(TraceEvent.of(0, "replica.ready", model=M, replica=rec.id, endpoint="e"))
+    ctl = Controller(T, restored=state)
+    ctl.start(26_000)  # n1's silence counts from 21 s, the old controller's last clock
+    router.resync(snapshot_of(ctl.replicas()))  # both restored, not judged: both kept
+    for name in ("n2", "n3", "n4"):
+        report_from(ctl, old, name, 26_002)
+    ctl.tick(27_000)
+    r1 = ReplicaId("llama-r1")
+    assert [r.replica for r in router.routes(M)] == ["llama-r1", "llama-r2"]
+    unroutable: list[object] = []
+    for t in range(28_000, 60_000, 1_000):
+        if t % 10_000 == 0:
+            for name in ("n2", "n3", "n4"):
+                n = NodeId(name)
+                ctl.handle(Heartbeat(n, tuple(up(s) for s in old.assigned(n))), t)
+        step = ctl.tick(t)
+        for ev in step.events:
+            router.follow(ev)
+        unroutable += [e.get("replica") for e in step.events if e.kind == "replica.unroutable"]
+        assert "replica.placed" not in kinds(step), t  # no replacement while n1 is not lost
+    assert ctl.node_state(NodeId("n1")) is NodeState.SUSPECT
+    assert unroutable == ["llama-r1"]
+    assert [r.replica for r in router.routes(M)] == ["llama-r2"]
+    assert ctl.replica(r1).state is ReplicaState.ADOPTING  # type: ignore[union-attr]
+    assert [r.id for r in ctl.live_replicas(M)] == ["llama-r1", "llama-r2"]
+    assert ctl.pending_ids() == []
+    # a router that resyncs now is not given it either
+    assert [e.replica for e in snapshot_of(ctl.replicas())] == ["llama-r2"]
+    report_from(ctl, old, "n1", 60_002)
+    tick = ctl.tick(61_000)
+    assert kinds(tick)[:1] == ["replica.adopted"]
+    assert tick.events[0].get("endpoint") == "http://n1:8000"
+    assert [r.id for r in ctl.ready_replicas(M)] == ["llama-r1", "llama-r2"]
+
+
+def test_the_first_judgement_waits_for_answers_to_requests_delivered_late() -> None:
+    """The shell queues the start's report requests and says when they were delivered: until
+    every node asked has answered, or an interval has passed since then, nothing is judged."""
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    start = ctl.start(200_000, awaits_delivery=True)  # an outage far past the lost window
+    assert start.wake_at_ms == 201_000
+    report_from(ctl, old, "n1", 200_500)
+    for t in (201_000, 202_000, 203_000):  # n2..n4 not asked yet: their requests queue
+        tick = ctl.tick(t)
+        assert kinds(tick) == [] and tick.writes == (), t
+        assert tick.wake_at_ms == t + 1_000
+    assert ctl.awaiting_answers() == [NodeId("n2"), NodeId("n3"), NodeId("n4")]
+    ctl.report_delivered(NodeId("n1"), 200_400)  # n1 answered: its delivery no longer matters
+    for name in ("n2", "n3", "n4"):  # delivered, or the send to n4 failed
+        ctl.report_delivered(NodeId(name), 203_500)
+    report_from(ctl, old, "n2", 203_600)
+    report_from(ctl, old, "n3", 203_700)  # n4 died during the outage: never answers
+    assert kinds(ctl.tick(204_000)) == []
+    tick = ctl.tick(204_500)  # an interval after the delivery: judged, off the reconcile grid
+    assert "node.lost" in kinds(tick) and "controller.started" in kinds(tick)
+    lost = [e.get("node") for e in tick.events if e.kind == "node.lost"]
+    assert lost == ["n4"]
+    assert tick.wake_at_ms == 205_000  # the reconciles keep the start's phase
+
+
+def test_the_first_judgement_comes_once_every_node_asked_answered() -> None:
+    old, state = running_fleet()
+    ctl = Controller(T, restored=state)
+    ctl.start(200_000, awaits_delivery=True)
+    assert kinds(ctl.tick(201_000)) == []  # nothing delivered, nobody answered
+    for name, _ in FOUR:
+        report_from(ctl, old, name, 201_500)
+    tick = ctl.tick(202_000)
+    assert kinds(tick) == ["replica.adopted", "replica.adopted", "controller.started"]

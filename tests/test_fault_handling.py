@@ -266,17 +266,26 @@ def test_a_node_whose_fabric_link_is_down_takes_no_multi_node_shard() -> None:
     assert rec.fabric == "ib-b"
 
 
-def test_a_restored_replica_waiting_on_a_silent_node_is_not_counted() -> None:
+def test_a_restored_replica_waiting_on_a_silent_node_counts_until_the_node_is_lost() -> None:
+    """As a ready replica on a suspect node does: a restart is no reason to replace it sooner."""
     run = Run([("n1", "ib-a"), ("n2", "ib-a")], replicas=1)
     run.up(1_000)
     ctl = Controller(T, restored=run.state)
     ctl.start(5_000)
     ctl.handle(NodeRegistered(node("n2", "ib-a")), 5_002)  # n1 never answers
-    placed = []
-    for t in range(6_000, 40_000, 1_000):
-        placed += [e for e in ctl.tick(t).events if e.kind == "replica.placed"]
-    # n1 turned suspect ~30 s after last heard: a new replica is made (but not on n1)
-    assert len(placed) == 1 and placed[0].get("nodes") == ("n2",)
+    placed: list[tuple[int, object]] = []
+    suspect = lost = None
+    for t in range(6_000, 80_000, 1_000):
+        if t % 10_000 == 0:
+            ctl.handle(Heartbeat(NodeId("n2"), ()), t)
+        for e in ctl.tick(t).events:
+            if e.kind == "replica.placed":
+                placed.append((t, e.get("nodes")))
+            suspect = t if e.kind == "node.suspect" and suspect is None else suspect
+            lost = t if e.kind == "node.lost" else lost
+    assert suspect is not None and lost is not None and suspect < lost
+    # the replacement is made when n1 is declared lost, not when it turned suspect (not on n1)
+    assert placed == [(lost, ("n2",))]
 
 
 def test_a_node_cannot_report_another_nodes_shard() -> None:

@@ -332,8 +332,8 @@ class Controller:
         agent to report now, and judges nothing before they could answer (`control/answers.py`):
         its first reconcile comes one interval later at the earliest, and later still while a
         node asked has not answered and its request was delivered less than an interval ago.
-        `awaits_delivery`: the shell queues the requests and says when they were delivered
-        (`reports_delivered`); otherwise they count as delivered now. The reconciles keep the
+        `awaits_delivery`: the shell queues the requests and says when each was delivered
+        (`report_delivered`); otherwise they count as delivered now. The reconciles keep the
         phase of the start (`_next_due`)."""
         self._out.now_ms = now_ms
         self._due_ms = now_ms + self.timings.reconcile_interval_ms
@@ -347,10 +347,10 @@ class Controller:
             self._first.asked(now_ms, asked, awaits_delivery)
         return self._out.flush(tuple(commands), wake_at_ms=self._due_ms)
 
-    def reports_delivered(self, now_ms: int) -> None:
-        """Every report request of the start was delivered (or its send failed) by `now_ms`:
-        the agents' answers are waited for one reconcile interval from then, at most."""
-        self._first.delivered(now_ms)
+    def report_delivered(self, node: NodeId, now_ms: int) -> None:
+        """The start's report request to `node` was delivered (or its send failed) at `now_ms`:
+        its answer is waited for one reconcile interval from then, at most."""
+        self._first.delivered(node, now_ms)
 
     def awaiting_answers(self) -> list[NodeId]:
         """The nodes asked at the start whose answers the first judgement still waits for."""

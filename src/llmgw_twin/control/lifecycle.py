@@ -34,6 +34,7 @@ from llmgw_twin.control.model import (
     RENDEZVOUS_PORT_BASE,
     Deployment,
     EngineName,
+    FabricId,
     ModelName,
     NodeId,
     Profile,
@@ -41,6 +42,7 @@ from llmgw_twin.control.model import (
     ReplicaId,
     ReplicaState,
     ShardSpec,
+    ShardState,
 )
 from llmgw_twin.control.moves import DRAIN, Move, Moves, MoveUser
 from llmgw_twin.control.parts import Books
@@ -111,6 +113,16 @@ class Lifecycle:
                 if done is not None:
                     self.take_over(rec, done)
 
+    def afford_moves(self, originals: list[ReplicaRecord]) -> bool:
+        """Whether moves of `originals` may start now within the eviction pace (each takes one
+        replica down when its copy serves: the budget of `control/pace.py`, shared with losses
+        for silence); if so, they are spent from it."""
+        costs: dict[FabricId, int] = {}
+        for rec in originals:
+            if rec.fabric is not None:
+                costs[rec.fabric] = costs.get(rec.fabric, 0) + 1
+        return self.books.pace.take(costs, self.out.now_ms)
+
     def take_over(self, copy: ReplicaRecord, move: Move) -> None:
         """A move's copy is ready and routable: its original is reaped in this step
         (`replica.moved`, then `replica.reaped`), a drain's `drain of NODE` said in both."""
@@ -140,14 +152,22 @@ class Lifecycle:
         reporter: NodeId | None = None,
     ) -> None:
         """Fail a replica that is whole no more, and reap it in the same step. `crash`: the
-        replica itself failed (an engine exit, a missed start deadline, a hung leader), which
-        counts toward back-off and, against `blamed` (default: `node`), toward quarantine."""
+        engine itself failed (an exit, a missed start deadline, a hung rank), which counts
+        toward back-off and, against `blamed` (default: `node`), toward quarantine; a failure
+        the infrastructure caused does not."""
         if not rec.state.live:
             return
         if blamed is None:
             blamed = (node,) if node is not None else ()
         started = self.failures.replica_failed(
-            rec.model, rec.profile.name, blamed, rec.nodes, self.out.now_ms, crash, reporter
+            rec.model,
+            rec.profile.name,
+            blamed,
+            rec.nodes,
+            self.out.now_ms,
+            crash,
+            reporter,
+            replica=rec.id,
         )
         if crash:  # counted toward back-off and quarantine: a successor counts on from here
             for write in self.failures.history(rec.model, rec.profile.name, blamed):
@@ -216,12 +236,19 @@ class Lifecycle:
                 all(self.node_ok(n) for n in r.nodes),
                 r.placed,
                 r.state is ReplicaState.READY,
+                not self.outdated(r),
                 not any(self.draining(n) for n in r.nodes),
             ),
             self.replicas.per_fabric(model),
         )
         for victim in itertools.islice(order, surplus):
             self.reap(victim, "scaled down", scaled_down=True)
+
+    def outdated(self, rec: ReplicaRecord) -> bool:
+        """`rec` runs another profile than its deployment names now (`rollout.Rollout` replaces
+        it)."""
+        dep = self.deployments.get(rec.model)
+        return dep is not None and rec.profile.name != dep.profile
 
     def new_replica(self, dep: Deployment) -> ReplicaRecord:
         rec = self.new_record(dep.model, self.profiles[dep.profile])
@@ -263,6 +290,7 @@ class Lifecycle:
         todo = [
             r for rid in self.replicas.pending if (r := self.replicas[rid]).not_before_ms <= now
         ]
+        self.capacity.stability.advance(now)
         for rec, result in plan_pass(self.capacity, todo, self.replicas, self.failures.excluded):
             if isinstance(result, Placement):
                 self.bind(rec, result)
@@ -350,14 +378,9 @@ class Lifecycle:
                 self._quarantine_nodes(rec, reason)
             elif kind == "degraded" and rec.state is ReplicaState.DEGRADED:
                 if now - rec.degraded_since_ms >= self.timings.unresponsive_grace_ms:
-                    leader = rec.nodes[0]
-                    reason = f"leader on {leader} not answering for {self._grace_s()}s"
-                    self.fail(rec, reason, leader, crash=True)
+                    self._fail_unresponsive(rec)
             elif kind == "backoff" and rec.state is ReplicaState.PENDING:
                 self._placement_due = True
-
-    def _grace_s(self) -> int:
-        return self.timings.unresponsive_grace_ms // 1000
 
     def excuse(self, lag_ms: int) -> None:
         """The controller itself fell `lag_ms` behind: that long of every start deadline and
@@ -376,6 +399,53 @@ class Lifecycle:
             rec = self.replicas.get(rid)
             if rec is not None and rec.state is ReplicaState.DEGRADED:
                 rec.degraded_since_ms += lag_ms
+
+    def _fail_unresponsive(self, rec: ReplicaRecord) -> None:
+        """A degraded replica past its grace: blamed on the workers not answering (a hung
+        worker stalls its leader too: the leader is the symptom), else on its leader."""
+        hung = [
+            s
+            for s in rec.specs[1:]
+            if (r := rec.reports.get(s.rank)) is not None and r.state is ShardState.UNRESPONSIVE
+        ]
+        if hung:
+            where = ", ".join(f"{s.rank} on {s.node}" for s in hung)
+            reason = f"worker rank {where} not answering for {self._grace_s()}s"
+            blamed = tuple(s.node for s in hung)
+            self.fail(rec, reason, blamed[0], crash=True, blamed=blamed)
+            return
+        leader = rec.nodes[0]
+        reason = f"leader on {leader} not answering for {self._grace_s()}s"
+        self.fail(rec, reason, leader, crash=True)
+
+    def forgive(self, node: NodeId, since_ms: int, why: str) -> None:
+        """`node` was lost or rebooted after it was last heard at `since_ms`: the engine
+        failures counted since of replicas with a shard on it were its doing, not the
+        engines'. They leave the failure history (`replica.forgiven`), and a replacement
+        backed off on their account may start sooner."""
+        forgiven = self.failures.forgive(node, since_ms, self.out.now_ms)
+        models = sorted({f.model for f in forgiven})
+        for f in forgiven:
+            self.out.emit(
+                "replica.forgiven",
+                model=f.model,
+                replica=f.replica,
+                node=node,
+                reason=f"{why}: not the engine's failure",
+            )
+            for write in self.failures.history(f.model, f.profile, f.blamed):
+                self.out.write(write)
+        now = self.out.now_ms
+        for model in models:
+            delay = self.failures.backoff_ms(model, now)
+            for rec in self.replicas.live(model):
+                if rec.state is ReplicaState.PENDING and rec.not_before_ms > now + delay:
+                    rec.not_before_ms = now + delay
+                    heapq.heappush(self._timers, (rec.not_before_ms, "backoff", rec.id))
+                    self._placement_due = True
+
+    def _grace_s(self) -> int:
+        return self.timings.unresponsive_grace_ms // 1000
 
     def _quarantine_nodes(self, rec: ReplicaRecord, reason: str) -> None:
         """A replica that could not become ready keeps its profile off the nodes it tried."""
@@ -419,10 +489,12 @@ class Lifecycle:
         )
 
     def unroute(self, rec: ReplicaRecord, node: NodeId) -> None:
-        """`node` (which holds a shard of `rec`) turned suspect."""
+        """`node` (which holds a shard of `rec`) turned suspect. Said to the routers whatever
+        the state a router may hold the replica in: ready, or restored and not judged yet (a
+        router that resynced keeps an adopting replica's route until told otherwise)."""
         was = rec.unroutable
         rec.unroutable = was | {node}
-        if not was and rec.state is ReplicaState.READY:
+        if not was and rec.state in (ReplicaState.READY, ReplicaState.ADOPTING):
             self.out.emit(
                 "replica.unroutable", model=rec.model, replica=rec.id, reason=f"node {node} suspect"
             )

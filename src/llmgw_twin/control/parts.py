@@ -27,6 +27,7 @@ from llmgw_twin.control.model import (
     Timings,
 )
 from llmgw_twin.control.outbox import Outbox
+from llmgw_twin.control.pace import EvictionPace
 from llmgw_twin.control.placement import CapacityIndex
 from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
 
@@ -41,9 +42,13 @@ class Books:
     profiles: dict[ProfileName, Profile] = field(default_factory=dict)
     deployments: dict[ModelName, Deployment] = field(default_factory=dict)
     failures: FailureBook = field(init=False)
+    pace: EvictionPace = field(init=False)
+    """The budget of replicas taken down for silence or by moves (`control/pace.py`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failures", FailureBook(self.timings))
+        object.__setattr__(self, "pace", EvictionPace(self.timings))
+        self.capacity.stability.half_life_ms = self.timings.node_history_half_life_ms
 
 
 class Liveness:
@@ -59,8 +64,9 @@ class Liveness:
 
     def counts(self, rec: ReplicaRecord) -> bool:
         """Whether a live replica counts toward its deployment's desired count: a restored one
-        still waiting on a node gone silent does not (outside a mass-loss hold)."""
+        still waiting on a node counts, as a ready one on a suspect node does, until the node
+        is declared lost (on the silence clock the store kept): a restart is no reason to
+        replace what a controller that never restarted would keep."""
         if rec.state is not ReplicaState.ADOPTING or self.guard.held:
             return True
-        silent = (NodeState.SUSPECT, NodeState.LOST)
-        return not any(self.health.state(n) in silent for n in rec.nodes)
+        return not any(self.health.state(n) is NodeState.LOST for n in rec.nodes)

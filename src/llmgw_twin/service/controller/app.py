@@ -145,9 +145,6 @@ class ControllerRuntime(AdminCalls):
         self._lock = asyncio.Lock()
         self._wake_at: int | None = None
         self._wake = asyncio.Event()
-        self._first_tick_ms = 0
-        """No reconcile before this (`start`): one interval after the start's report requests
-        left, however long its commit took."""
         # the event log: the store's newest `events_kept` events (numbered on from there: a
         # restart repeats no number), then this process's, each committed before it is here;
         # `_events_dropped` is the number of `_events[0]`
@@ -223,13 +220,15 @@ class ControllerRuntime(AdminCalls):
                     self._apply(self._core.handle(ApplyProfile(profile), self.now_ms()))
                 for dep in s.deployments:
                     self._apply(self._core.handle(ApplyDeployment(dep), self.now_ms()))
-            started = self._apply(self._core.start(self.now_ms()))
+            # The core judges nothing before the agents could answer: it counts each one's
+            # time from when its request was delivered, not from when it was queued (a commit
+            # slow to reach the disk, or a large fleet's requests leaving a few connections at
+            # a time, must not use it up and have healthy nodes declared lost).
+            core = self._core
+            self.delivery.on_report_tried = lambda node: core.report_delivered(node, self.now_ms())
+            started = self._apply(core.start(self.now_ms(), awaits_delivery=True))
         if started is not None:
-            await started  # durable, and the report requests to every known agent sent
-        # The agents have a whole interval from then to answer before the first reconcile
-        # judges their silence, as the core means them to: a commit slow to reach the disk
-        # (a busy host) must not use it up and have healthy nodes declared lost.
-        self._first_tick_ms = self.now_ms() + s.timings.reconcile_interval_ms
+            await started  # durable, and the report requests to every known agent queued
         self._loop_task = asyncio.create_task(self._reconcile_loop())
         self.lag.start()
         if self.gc_pauses is not None:
@@ -269,8 +268,6 @@ class ControllerRuntime(AdminCalls):
         """Tick the core when it asked to be called (`wake_at_ms`), never sooner."""
         while True:
             wake_at = self._wake_at
-            if wake_at is not None:
-                wake_at = max(wake_at, self._first_tick_ms)
             delay_ms = None if wake_at is None else wake_at - self.now_ms()
             if delay_ms is None or delay_ms > 0:
                 self._wake.clear()

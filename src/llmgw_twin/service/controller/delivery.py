@@ -19,6 +19,9 @@ Invariants:
   its last attempt it is dropped with a warning (the core is level-triggered and assigns again
   once the agent's report disagrees).
 - A command to a node with no known address, or whose credential was revoked, is not sent.
+- `on_report_tried(node)` is called once a report request to `node` has been tried (delivered,
+  or its send failed, or it could not be sent): a restarted controller counts the agent's time
+  to answer from then, not from when it queued the request.
 - `close` lets what is in flight finish (bounded), then stops the workers.
 """
 
@@ -34,7 +37,7 @@ from typing import Any
 import httpx
 
 from llmgw_twin.control.model import NodeId
-from llmgw_twin.control.protocol import AssignShards, ControllerCommand
+from llmgw_twin.control.protocol import AssignShards, ControllerCommand, RequestReport
 from llmgw_twin.service.common.auth import ControllerKeys
 from llmgw_twin.service.common.tls import ClientTls, client_verify
 from llmgw_twin.service.common.wire import AssignShardsW, RequestReportW
@@ -85,6 +88,7 @@ class Delivery:
         self._wake = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
         self._retries: set[asyncio.Task[None]] = set()
+        self.on_report_tried: Callable[[NodeId], None] = lambda node: None
         self.sent = 0
         self.failed = 0
         """Sends that failed (each retry counted), and commands given up on."""
@@ -132,6 +136,8 @@ class Delivery:
         node = cmd.node
         if node not in self._urls:
             log.warning("no address known for node %s: %s not sent", node, type(cmd).__name__)
+            if isinstance(cmd, RequestReport):
+                self.on_report_tried(node)
             return
         self._newest[node, type(cmd)] = cmd
         self._put(cmd, 0)
@@ -157,7 +163,10 @@ class Delivery:
             try:
                 while self._pending.get(node):
                     cmd, attempts = self._pending[node].pop(0)
-                    if not await self._deliver(cmd, client):
+                    ok = await self._deliver(cmd, client)
+                    if isinstance(cmd, RequestReport):
+                        self.on_report_tried(node)
+                    if not ok:
                         self._retry(cmd, attempts + 1)
             finally:
                 self._busy.discard(node)

@@ -14,6 +14,7 @@ controller publishes names it (`controller`).
 
 from __future__ import annotations
 
+import heapq
 from typing import assert_never
 
 from llmgw_twin.control.apply import apply_step
@@ -44,6 +45,10 @@ from llmgw_twin.twin.world.traffic import TrafficRouter
 
 OPERATOR_RETRY_MS = 1_000
 """How often an operator's client retries a call no controller took (none led)."""
+DELIVERY_WORKERS = 64
+"""A controller's report requests leave through this many connections at a time, each held for
+the request's round trip, as the service's delivery sends them (`MAX_IN_FLIGHT` there): a large
+fleet's requests are delivered over time, not at once."""
 
 
 class Deposed(Exception):
@@ -75,6 +80,8 @@ class ControllerShell:
         """The router was told the last leader stopped (there was none yet, at first)."""
         self._waiting_ops: list[ControllerEvent] = []
         self._coasting_in: dict[NodeId, tuple[ControllerProcess, Controller]] = {}
+        self._senders: dict[str, list[int]] = {}
+        """Per controller: when each of its delivery connections is free next (a heap)."""
         self.traffic: TrafficRouter | None = None
         """The clients' router, its own process: it outlives a controller crash."""
         if scenario.traffic:
@@ -145,6 +152,7 @@ class ControllerShell:
         self._last = proc
         self._last_core = core
         self.router = Router()
+        self._senders[proc.name] = [0] * DELIVERY_WORKERS
         now = proc.local()
         if not self._initialized:
             for profile in self.scenario.profiles:
@@ -154,7 +162,7 @@ class ControllerShell:
             if proc.core is None:
                 return
             self._initialized = True
-        self.step(proc, core.start(now))
+        self.step(proc, core.start(now, awaits_delivery=True))
         if proc.core is None:
             return
         if self.traffic is not None:  # the router follows the new leader and resyncs
@@ -344,9 +352,29 @@ class ControllerShell:
             case AssignShards(node=node, shards=shards):
                 self.world.send_to_agent(node, Assigned(shards, proc.epoch))
             case RequestReport(node=node):
-                self.world.send_to_agent(node, ReportRequested(proc.epoch))
+                self._request_report(proc, node)
             case _:
                 assert_never(cmd)
+
+    def _request_report(self, proc: ControllerProcess, node: NodeId) -> None:
+        """Ask `node` to report over the next free delivery connection: it leaves then, and the
+        connection is held for the round trip (a send to a node down or cut off fails at
+        once); the core is told when it was delivered, as the service's delivery tells it."""
+        now = self.world.now
+        free = self._senders.setdefault(proc.name, [0] * DELIVERY_WORKERS)
+        leaves = max(now, heapq.heappop(free))
+        latency = self.world.network.control_latency_ms(node)
+        reached = latency is not None and self.world.nodes[node].up
+        done = leaves + (2 * latency if latency is not None and reached else 0)
+        heapq.heappush(free, done)
+        msg = ReportRequested(proc.epoch)
+        if leaves == now:
+            self.world.send_to_agent(node, msg)
+        else:
+            proc.later(leaves - now, lambda: self.world.send_to_agent(node, msg))
+        core = proc.core
+        if core is not None:
+            proc.later(done - now, lambda: core.report_delivered(node, proc.local()))
 
     def _agent_answered(self, node: NodeId, incarnation: int, epoch: int, refused: bool) -> None:
         """An agent acted on, or refused, a controller command of `epoch`."""
