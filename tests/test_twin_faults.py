@@ -163,10 +163,12 @@ def test_a_hung_worker_makes_its_leader_report_unresponsive_one_probe_later(run:
     assert (
         1 * M + 5 * S <= t_unresponsive <= 1 * M + 5 * S + LATENCY
     )  # one probe interval (+latency)
-    # the hung worker itself reports nothing new: running, until the controller drops it
+    # the hung worker's own agent finds it silent at its probe too: unresponsive, not exited
     worker = got.states("node02", "m-r1", 1)
     assert all(state is not ShardState.EXITED for _, state in worker)
-    assert [state for t, state in worker if t >= 1 * M] in ([ShardState.RUNNING], [])
+    after = [(t, state) for t, state in worker if t >= 1 * M]
+    assert [state for _, state in after] == [ShardState.UNRESPONSIVE]
+    assert 1 * M + 5 * S <= after[0][0] <= 1 * M + 5 * S + LATENCY
     # the controller saw it (degraded), failed it after the grace and stopped both hung engines
     kinds = [(e.kind, e.get("replica")) for e in got.result.trace]
     assert ("replica.degraded", "m-r1") in kinds

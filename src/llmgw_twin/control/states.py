@@ -51,7 +51,7 @@ class Phase(enum.Enum):
     ENGINE = "engine"  # engine process started
     RUNNING = "running"  # a worker that joined its leader
     SERVING = "serving"  # the leader, answering on its endpoint
-    UNRESPONSIVE = "unresponsive"  # the leader, alive but failing its health probe
+    UNRESPONSIVE = "unresponsive"  # alive but failing its probe (a leader's or a worker's)
     EXITED = "exited"  # the engine process ended
 
 
@@ -61,9 +61,9 @@ SHARD_PHASE: Mapping[Phase, frozenset[Phase]] = {
     P.SIDECAR: frozenset({P.LAUNCHING, P.EXITED}),
     P.LAUNCHING: frozenset({P.ENGINE, P.EXITED}),
     P.ENGINE: frozenset({P.RUNNING, P.SERVING, P.EXITED}),
-    P.RUNNING: frozenset({P.SERVING, P.EXITED}),
+    P.RUNNING: frozenset({P.SERVING, P.UNRESPONSIVE, P.EXITED}),
     P.SERVING: frozenset({P.UNRESPONSIVE, P.EXITED}),
-    P.UNRESPONSIVE: frozenset({P.SERVING, P.EXITED}),
+    P.UNRESPONSIVE: frozenset({P.SERVING, P.RUNNING, P.EXITED}),
     P.EXITED: frozenset(),
 }
 """A shard on its node. A waiting shard has no process, so nothing of it can exit: a late exit

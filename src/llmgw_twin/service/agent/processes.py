@@ -55,6 +55,13 @@ def proc_stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[2]), int(fields[19])
 
 
+def stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (by a signal or a tracer): alive, making no progress
+    and answering nothing. What an agent can tell of a rank that opens no port."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] in ("T", "t")
+
+
 def start_ticks(pid: int) -> int | None:
     """The start time of process `pid` (clock ticks after boot), None if it is gone or unreadable:
     with the pid, it names one process of this boot, whatever pids are reused later."""

@@ -3,9 +3,10 @@
 Role: carries out the agent core's `StartSidecar`, `StartEngine` and `StopShard` with real
 processes (`processes.spawn`), and feeds back what it observes as core events: `SidecarUp` once
 the sidecar answers `GET /health`; `EngineStarted` with the argv run; `EngineServing` /
-`EngineJoined` by the readiness rule in `app.py`; after that, a serving leader's health is
-probed every `probe_interval` (an agent setting, default 5 s: `EngineUnresponsive` after
-`PROBE_FAILURES` misses, `EngineServing` again on an answer); `EngineExited` with the process's
+`EngineJoined` by the readiness rule in `app.py`; after that, every rank is probed every
+`probe_interval` (an agent setting, default 5 s: `EngineUnresponsive` after `PROBE_FAILURES`
+misses, `EngineServing` or `EngineJoined` again on an answer): a leader through its sidecar, a
+worker by its process's state (a stopped process answers nothing); `EngineExited` with the process's
 code, or with one of `launcher`'s codes and the reason when the engine never ran or the agent
 stopped it.
 
@@ -71,6 +72,7 @@ from llmgw_twin.service.agent.processes import (
     spawn,
     start_ticks,
     stop_group,
+    stopped,
 )
 from llmgw_twin.service.agent.runstate import Keeper, ShardProcs
 from llmgw_twin.units import MAX_GPUS_PER_NODE
@@ -368,6 +370,15 @@ class ShardRunner:
         except (httpx.HTTPError, ValueError):
             return False
 
+    async def _answers(self, procs: ShardProcs) -> bool:
+        """A ready rank's probe: a leader through its sidecar, a worker (or a rank that opens
+        no port) by its process's state: it answers its leader, not the agent, and a stopped
+        one stalls its leader; a port a worker serves its leader on is left alone."""
+        assert procs.engine is not None and procs.probe is not None
+        if procs.probe.by_process or procs.spec.rank > 0:
+            return not stopped(procs.engine.pid)
+        return await self._engine_up(procs)
+
     async def _watch(self, procs: ShardProcs) -> None:
         assert procs.engine is not None
         exits = ExitWatch(procs.engine)
@@ -383,7 +394,6 @@ class ShardRunner:
         if procs.engine_started_ms is not None:  # an adopted engine's time goes on
             started -= max(0, time.time_ns() // 1_000_000 - procs.engine_started_ms) / 1000
         ready = procs.ready  # an adopted leader that was serving is probed at once
-        leader_probed = spec.rank == 0 and not procs.probe.by_process
         next_probe = 0.0
         failures = 0
         while True:
@@ -416,9 +426,9 @@ class ShardRunner:
                     message = f"engine not ready within {settings.ready_timeout_ms} ms"
                     await self._fail(procs, message, EXIT_NOT_READY)
                     return
-            elif leader_probed and time.monotonic() >= next_probe:
+            elif time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + settings.probe_interval_ms / 1000
-                if await self._engine_up(procs):
+                if await self._answers(procs):
                     if failures >= PROBE_FAILURES:
                         self._note("engine-answers", spec, procs.engine.pid)
                         self._feed(self._ready_event(procs))

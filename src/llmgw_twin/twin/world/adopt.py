@@ -34,7 +34,7 @@ def adopted(
             phase = Phase.UNRESPONSIVE if engine.hung else Phase.SERVING
             endpoint = None if engine.hung else endpoint_of(spec)
         elif spec.rank > 0 and engine.loaded and engine.has_joined:
-            phase = Phase.RUNNING
+            phase = Phase.UNRESPONSIVE if engine.hung else Phase.RUNNING
         else:
             phase = Phase.ENGINE
         out.append(LocalShard(spec, phase, engine.argv, endpoint))

@@ -94,8 +94,11 @@ class World:
 
     def hang(self, engine: SimEngine) -> None:
         """`engine` stops answering and making progress, and so does its leader (a hung worker
-        stalls the replica's collective); the leader's agent notices at its next probe."""
+        stalls the replica's collective); the worker's agent and the leader's notice at their
+        next probe (the worker's first: each probes on its own node)."""
         engine.hung = True
+        if engine.spec.rank > 0:
+            self._probe_worker(engine)
         leader = self.leader_of(engine)
         if leader is None:
             return  # a worker whose leader is not running yet: the leader will never serve
@@ -112,6 +115,24 @@ class World:
                 and leader.serving
             ):
                 leader_node.deliver(EngineUnresponsive(leader.key), generation)
+
+        self.later(self.timings.probe_interval_ms, probe)
+
+    def _probe_worker(self, engine: SimEngine) -> None:
+        """A joined worker's agent finds it silent at its next probe."""
+        node = engine.node
+        generation = node.generation
+
+        def probe() -> None:
+            if (
+                node.up
+                and node.generation == generation
+                and node.engines.get(engine.key) is engine
+                and not engine.stopped
+                and engine.has_joined
+                and engine.loaded
+            ):
+                node.deliver(EngineUnresponsive(engine.key), generation)
 
         self.later(self.timings.probe_interval_ms, probe)
 
