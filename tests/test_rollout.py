@@ -5,6 +5,7 @@ outdated replicas first; the rollout goes on across a restart from what the stor
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
@@ -226,6 +227,26 @@ def test_nothing_is_started_or_retired_while_the_mass_loss_guard_holds() -> None
     assert kinds(ctl.tick(4_000)) == [] and ctl.rollout.rolling() == {CHAT}
     held[0] = False
     assert kinds(ctl.tick(5_000)) == ["replica.moving", "replica.placed"]
+
+
+def test_rollout_moves_spend_from_the_eviction_budget() -> None:
+    ctl = Controller(dataclasses.replace(T, eviction_budget=1, eviction_window_ms=60_000))
+    for name in (A, B):
+        ctl.handle(ApplyProfile(profile(name, nodes=1, gpus=4)), 0)
+    for i in (1, 2, 3):
+        ctl.handle(NodeRegistered(node(f"n{i}", "ib-a")), 0)
+    ctl.handle(ApplyDeployment(Deployment(CHAT, A, 2)), 0)
+    ctl.tick(1_000)
+    heartbeat_all(ctl, 2_000)
+    ctl.tick(3_000)
+    set_profile(ctl, B, 4_000)
+    started = []
+    for t in range(4_000, 70_000, 1_000):
+        heartbeat_all(ctl, t)
+        step = ctl.tick(t)
+        started += [t for e in step.events if e.kind == "replica.moving"]
+    # the second move waits for the window of the first to pass, though its turn came at 5 s
+    assert started == [4_000, 64_000]
 
 
 def test_a_replica_that_serves_nothing_yet_is_reaped_at_once() -> None:

@@ -30,7 +30,8 @@ the deployment's back-off: a new profile that cannot start does not take the old
 original that fails first leaves its copy as its replacement. A profile changed again mid-move
 reaps a copy that is outdated in turn. Scale-down prefers outdated replicas, and the
 defragmenter does not move them. While the mass-loss guard holds, moves whose copy is ready
-complete, and nothing else is started or retired.
+complete, and nothing else is started or retired. A move, and a retirement for room, spends from
+the eviction budget as a drain's move does (`pace.EvictionPace`): past it, it waits.
 
 A restart forgets the moves in flight, but what the rollout needs is in the store: the
 deployment's profile and each replica's. The restored controller rolls every model with an
@@ -164,7 +165,7 @@ class Rollout:
             copy = life.replicas[move.copy]
             if self._stuck(copy):  # no room for the copy: outdated replicas give theirs
                 room = self._room_for(copy, [life.replicas[move.original], *free])
-                if room:
+                if room and life.afford_moves(room):
                     moves.forget(move)  # the copy is an ordinary replica from now
                     for rec in room:
                         life.reap(rec, f"profile changed to {new}: no room for a copy")
@@ -178,12 +179,14 @@ class Rollout:
         ]
         stuck = [r for r in waiting if self._stuck(r)]
         if stuck:  # a replica of the new profile found no room: outdated replicas give theirs
-            for rec in self._room_for(stuck[0], free):
-                life.reap(rec, f"profile changed to {new}: no room for {stuck[0].id}")
+            room = self._room_for(stuck[0], free)
+            if room and life.afford_moves(room):
+                for rec in room:
+                    life.reap(rec, f"profile changed to {new}: no room for {stuck[0].id}")
             return
         if waiting:
             return  # a replica of the new profile is on its way: one down at a time
-        if free:
+        if free and life.afford_moves(free[:1]):  # (within the eviction pace, `pace.py`)
             self._start(free[0], life.new_replica(dep), new)
 
     def _stuck(self, rec: ReplicaRecord) -> bool:
