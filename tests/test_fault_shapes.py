@@ -27,7 +27,7 @@ from llmgw_twin.control.model import (
 )
 from llmgw_twin.control.protocol import FabricLink, Heartbeat, NodeRegistered
 from llmgw_twin.realmode.faults import check_real_supported
-from llmgw_twin.service.common.wire import HeartbeatW
+from llmgw_twin.service.common.wire import HeartbeatW, NodeRegisteredW
 from llmgw_twin.twin.fuzz import gen, shapes
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
 from llmgw_twin.twin.scenario.model import (
@@ -284,6 +284,10 @@ def test_the_wire_carries_the_version_and_an_old_agent_says_none() -> None:
     assert old.version == 0
     new = HeartbeatW.model_validate({"node": "n1", "incarnation": 2, "version": 7}).to_core()
     assert new.version == 7
+    beat = Heartbeat(NodeId("n1"), incarnation=3, version=9)
+    assert HeartbeatW.from_core(beat).to_core() == beat
+    reg = NodeRegistered(node("n1", "ib-a"), incarnation=3, version=4)
+    assert NodeRegisteredW.from_core(reg, "http://127.0.0.1:1").to_core().version == 4
 
 
 # --- the fuzzer --------------------------------------------------------------------------------
