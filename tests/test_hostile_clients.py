@@ -35,7 +35,7 @@ RSS_GROWTH_MIB = 48
 pin every body they sent (8 MiB each to the controller, 16 MiB each to the router)."""
 
 CONTROLLER_YAML = """\
-listen: {{host: 127.0.0.1, port: {port}, head_timeout: {head_timeout}, \
+listen: {{host: 127.0.0.1, port: {port}, head_timeout: {head_timeout}, idle_timeout: 1s, \
 max_connections: {max_connections}, max_head_bytes: 16384}}
 store: controller.db
 auth: {{admin_tokens: ["{admin}"]}}
@@ -63,16 +63,20 @@ def rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
+ADMIN = new_token()
+
+
 def start_controller(
     tmp_path: Path, procs: Fleet, *, head_timeout: str = "1s", max_connections: int = 1000
 ) -> int:
+    """A controller whose admin token is `ADMIN`, its idle timeout 1 s; its port, once it leads."""
     (port,) = free_ports(1)
     (tmp_path / "controller.yaml").write_text(
         CONTROLLER_YAML.format(
             port=port,
             head_timeout=head_timeout,
             max_connections=max_connections,
-            admin=token_hash(new_token()),
+            admin=token_hash(ADMIN),
         )
     )
     procs.start("controller", "controller", "--config", "controller.yaml")
@@ -203,6 +207,27 @@ def test_dribbling_connections_are_closed_by_the_head_timeout(tmp_path: Path, pr
     assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers.values()), set(answers.values())
     with httpx.Client(trust_env=False, timeout=5) as client:
         assert get(client, f"http://127.0.0.1:{port}/health") is not None
+
+
+def test_a_body_that_stops_coming_is_closed_by_the_idle_timeout(
+    tmp_path: Path, procs: Fleet
+) -> None:
+    """Even a caller with credentials holds no connection by announcing a body it never sends."""
+    port = start_controller(tmp_path, procs)
+    head = (
+        f"PUT /v1/admin/profiles/p HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN}\r\n"
+        "content-type: application/json\r\ncontent-length: 1000\r\n\r\n{"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as s:
+        s.sendall(head)
+        started = time.monotonic()
+        try:
+            answer = s.recv(65536)  # the server closes it (the app reads the client as gone)
+        except TimeoutError:
+            raise AssertionError(f"still open after {DEADLINE_S}s") from None
+        took = time.monotonic() - started
+    print(f"a stalled body closed after {took:.1f} s (idle_timeout 1s)")
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
 
 
 def test_a_head_over_its_bound_is_431(tmp_path: Path, procs: Fleet) -> None:

@@ -13,6 +13,10 @@ Invariants:
   `head_timeout` of being opened, or of the first byte of that request on a kept-alive
   connection; otherwise it is answered 408 and closed. A client that dribbles a byte now and
   then holds no connection longer than that.
+- A request's body must keep coming: a connection that sends none of it for `idle_timeout`
+  while the server waits for it is closed (the app reads the end of the body as the client
+  gone). Time the server itself does not read (it paused reading: the app has not taken what
+  came) is not the client's.
 - A head over `max_head_bytes` is answered 431 and the connection closed, as soon as the bytes
   read pass the bound (a head that never ends is not read to its end).
 - The server's own lag is not the client's slowness: a deadline the event loop reaches late
@@ -67,6 +71,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     head_timeout_s: float = HEAD_TIMEOUT_MS / 1000
     max_head_bytes: int = MAX_HEAD_BYTES
+    body_idle_s: float = IDLE_TIMEOUT_MS / 1000
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -76,6 +81,9 @@ class GuardedHttp(HttpToolsProtocol):
         self._head_bytes = 0
         self._refused = False
         self._refusal = (0, "")
+        self._in_body = False
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_deadline = 0.0
 
     # --- the head's deadline ------------------------------------------------------------------
 
@@ -85,6 +93,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._end_body()
         super().connection_lost(exc)
 
     def _begin_head(self) -> None:
@@ -116,6 +125,39 @@ class GuardedHttp(HttpToolsProtocol):
         if self._in_head and not self.transport.is_closing():
             self._refuse(408, f"the request's head did not arrive within {self.head_timeout_s:g}s")
 
+    # --- the body's idle deadline ---------------------------------------------------------------
+
+    def _body_came(self) -> None:
+        """Some of the body came (or is awaited from now): its idle deadline starts again."""
+        self._body_deadline = self.loop.time() + self.body_idle_s
+        if self._body_timer is None:
+            self._body_timer = self.loop.call_at(self._body_deadline, self._body_due)
+
+    def _end_body(self) -> None:
+        self._in_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_due(self) -> None:
+        self._body_timer = None
+        if not self._in_body or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        if now >= self._body_deadline and (
+            self.flow.read_paused or now - self._body_deadline > LATE_S
+        ):  # the server is not reading what comes, or it was behind: not the client's idling
+            self._body_deadline = now + self.body_idle_s
+        if now < self._body_deadline:  # (or some of the body came since the timer was set)
+            self._body_timer = self.loop.call_at(self._body_deadline, self._body_due)
+            return
+        client = "%s:%d" % self.client if self.client else "?"  # noqa: UP031
+        log.warning(
+            "closed a connection from %s: no byte of its body for %gs", client, self.body_idle_s
+        )
+        self._end_body()
+        self.transport.close()
+
     # --- the parser's callbacks ---------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
@@ -125,6 +167,8 @@ class GuardedHttp(HttpToolsProtocol):
         if self._refused:
             self._answer_refusal()
             return
+        if self._in_body:
+            self._body_came()
         if self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
@@ -144,12 +188,15 @@ class GuardedHttp(HttpToolsProtocol):
             self._refusal = (431, self._too_large())
             return
         super().on_headers_complete()
+        self._in_body = True  # until the message's end (at once for a request with no body)
+        self._body_came()
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._end_body()
         if not self._refused:
             super().on_message_complete()
 
@@ -189,7 +236,11 @@ def protocol_for(limits: ListenLimits) -> type[GuardedHttp]:
     return type(
         "GuardedHttp",
         (GuardedHttp,),
-        {"head_timeout_s": limits.head_timeout_ms / 1000, "max_head_bytes": limits.max_head_bytes},
+        {
+            "head_timeout_s": limits.head_timeout_ms / 1000,
+            "max_head_bytes": limits.max_head_bytes,
+            "body_idle_s": limits.idle_timeout_ms / 1000,
+        },
     )
 
 
