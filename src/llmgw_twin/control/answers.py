@@ -51,10 +51,6 @@ class FirstJudgement:
         if not self._done and node in self._asked and self._asked[node] is None:
             self._asked[node] = now_ms
 
-    @property
-    def waiting(self) -> bool:
-        return not self._done
-
     def wait_until(self, now_ms: int, heard: Collection[NodeId]) -> int | None:
         """None when the controller may judge now (and from then on); otherwise the time to
         look again at the latest (an answer may end the wait sooner, at a reconcile)."""

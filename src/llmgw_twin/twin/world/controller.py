@@ -8,8 +8,10 @@ store (conditionally on the leader's epoch: a deposed leader's step ends there),
 into the trace and the router, then commands, each stamped with the leader's epoch, over the
 simulated network. Each process (`leader.ControllerProcess`) keeps its own lease, clock and
 faults; the store outlives them all. A new leader starts its core from the store and adopts what
-the agents still run, as a restarted controller does. With several controllers every event a
-controller publishes names it (`controller`).
+the agents still run, as a restarted controller does; its report requests leave at most
+`DELIVERY_WORKERS` at a time, as the service's delivery sends them, and the core is told when
+each was delivered, so that it judges no node before its answer could arrive. With several
+controllers every event a controller publishes names it (`controller`).
 """
 
 from __future__ import annotations
