@@ -15,13 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
+from conftest import profile
 from helpers.controller import Sent, controller, two_ready_replicas
 from helpers.services import FAST, eventually
-from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
-from llmgw_twin.control.routing import Router, SnapshotEntry, SnapshotState
+from llmgw_twin.control.model import ModelName, NodeId, ReplicaId, ReplicaState, TraceEvent
+from llmgw_twin.control.replicas import ReplicaRecord
+from llmgw_twin.control.routing import Router, SnapshotEntry, SnapshotState, snapshot_of
 from llmgw_twin.service.common.auth import new_token, token_hash
 from llmgw_twin.service.common.config import ConfigError
-from llmgw_twin.service.common.feed import FeedPageW, RoutingFeed
+from llmgw_twin.service.common.feed import FeedPageW, RoutingFeed, snapshot_wire
 from llmgw_twin.service.controller.app import ControllerRuntime
 from llmgw_twin.service.controller.config import (
     ControllerAuth,
@@ -129,6 +131,36 @@ def test_a_join_that_says_not_ready_reaches_a_router_as_a_leave() -> None:
     assert [r.replica for r in router.routes(ModelName("m"))] == ["m-r1"]
     follower.apply(page)
     assert router.routes(ModelName("m")) == []
+
+
+def test_a_silent_node_takes_an_adopting_replica_out_of_a_routers_table() -> None:
+    """A router resynced from a restarted controller keeps the route of a replica the controller
+    is still adopting; when a node of it goes silent the controller's `replica.unroutable`
+    reaches the router across the wire and drops it, and a router that resyncs later is not
+    given it (the snapshot leaves out an adopting replica whose node is silent)."""
+    log = RoutingFeed(epoch="e2")
+    router = Router()
+    router.follow(TraceEvent.of(1, "replica.ready", model="m", replica="m-r1", endpoint="http://a"))
+    follower = FeedFollower(router, "http://controller")
+    snapshot = [SnapshotEntry(ModelName("m"), ReplicaId("m-r1"), SnapshotState.ADOPTING)]
+    first = FeedPageW.model_validate(
+        asyncio.run(log.read(0, None, 0, lambda: snapshot, lambda: ["m"]))
+    )
+    follower.apply(first)
+    assert [r.replica for r in router.routes(ModelName("m"))] == ["m-r1"]  # kept, not judged
+    log.record(
+        TraceEvent.of(2, "replica.unroutable", model="m", replica="m-r1", reason="node n1 suspect")
+    )
+    page = FeedPageW.model_validate(asyncio.run(log.read(first.next, "e2", 0, list, list)))
+    follower.apply(page)
+    assert router.routes(ModelName("m")) == []
+    rec = ReplicaRecord(ReplicaId("m-r1"), ModelName("m"), profile("p"), 1, 0)
+    rec.state = ReplicaState.ADOPTING
+    assert snapshot_wire(snapshot_of([rec])) == [
+        {"model": "m", "replica": "m-r1", "state": "adopting", "endpoint": None}
+    ]
+    rec.unroutable = frozenset({NodeId("n1")})
+    assert snapshot_wire(snapshot_of([rec])) == []
 
 
 def test_only_a_router_token_or_an_admin_token_reads_the_feed(tmp_path: Path) -> None:
