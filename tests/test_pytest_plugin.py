@@ -19,6 +19,7 @@ import pytest
 from llmgw_twin.pytest_plugin import explain
 from llmgw_twin.twin.scenario.loader import TOP_KEYS, ScenarioError, load_scenario_text
 from llmgw_twin.twin.scenario.model import EventExpectation
+from llmgw_twin.twin.world.expect import anchored
 from llmgw_twin.twin.world.runner import InvariantResult, run_scenario
 from llmgw_twin.units import fmt_ms
 
@@ -92,7 +93,9 @@ def test_a_failing_expectation_fails_with_its_text_the_events_around_it_and_a_re
     scenario = load_scenario_text(TOO_EARLY)
     exp = scenario.expectations[0]
     assert isinstance(exp, EventExpectation) and exp.kind == "node.lost"
-    window = f"[{fmt_ms(exp.start_ms)}, {fmt_ms(exp.end_ms)}]"
+    clock = anchored(exp.text, scenario.faults)  # as the file wrote them: kill+10s (2m10.000s)
+    window = f"[{clock(exp.start_ms)}, {clock(exp.end_ms)}]"
+    assert clock is not fmt_ms and window.startswith("[kill+")
     line = line_of(TOO_EARLY, "  - event: node.lost")
     assert f"expectation failed (line {line}): {exp.text}" in out
     assert f"none in {window}; nearest at" in out
