@@ -74,6 +74,8 @@ class Leadership:
         self.url = url
         self.leader: LeaderView | None = None
         """While a standby: the leader as last read (None: none yet, or this one leads)."""
+        self.standing_by = False
+        """True while `claim` waits for the lease (a standby), False before and after."""
         self.times = LeaseTimes(lease_ms)
         self._store = store
         self._run = run
@@ -85,6 +87,13 @@ class Leadership:
 
     async def claim(self) -> int:
         """Wait until this controller leads; its epoch."""
+        self.standing_by = True
+        try:
+            return await self._claim()
+        finally:
+            self.standing_by = False
+
+    async def _claim(self) -> int:
         lease_ms = self.times.lease_ms
         waited = False
         while True:

@@ -3,7 +3,7 @@
 Role: the controller's lifespan (`lifespan`) serves from the moment the process starts and
 claims the lease in the background (`ControllerRuntime.start` waits there while another leads),
 so a standby's port accepts instead of holding its clients in the backlog until their timeouts.
-In front of everything else, `StandbyGate` answers while this controller does not lead:
+In front of everything else, `StandbyGate` answers while this controller waits for the lease:
 `GET /health` with 200 and `"status": "standby"` (the process is up), every other call with 503,
 `Retry-After: 1`, and a body naming the leader as the store last said it (`leader`: name, epoch
 and the address it said it is reached at), so an agent or a router given every controller's
@@ -56,7 +56,7 @@ class StandbyGate:
         self.runtime = runtime
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.runtime.leadership.epoch is not None:
+        if scope["type"] != "http" or not self.runtime.leadership.standing_by:
             await self.app(scope, receive, send)
             return
         leader = leader_of(self.runtime)
