@@ -13,7 +13,9 @@ leaves its copy as its replacement; an original scaled down takes its copy with 
 `defrag_interval` after the last one began, except the next stage of the plan under way (a plan
 found then with no more stages than were left); none while the mass-loss guard holds. After a search
 that found nothing, the next waits for a change (capacity, a pending replica, a replica ready) and
-at least a heartbeat interval. A controller restart forgets moves in flight: copy and original are
+at least a heartbeat interval. A plan's moves are spent from the eviction budget
+(`pace.EvictionPace`) when they start; a plan the budget has no room for is planned again at a
+later reconcile. A controller restart forgets moves in flight: copy and original are
 both adopted, and the deployment's surplus is scaled down as usual.
 """
 
@@ -131,6 +133,9 @@ class Defragmenter:
             if waiting and plan.stages > self._stages_left:
                 blocked = True  # not the rest of the plan under way: it waits for the interval
                 continue
+            if not life.afford_moves([life.replicas[m.replica] for m in plan.moves]):
+                blocked = True  # past the eviction pace: planned again when it has room
+                continue
             self._start(rec, plan)
             if not waiting:
                 self._next_ms = now + life.timings.defrag_interval_ms
@@ -154,6 +159,7 @@ class Defragmenter:
                 or self._moves.is_original(rec.id, DEFRAG)
                 or not all(self._node_ok(n) for n in rec.nodes)
                 or not _laid_out_as_profiled(rec)
+                or life.outdated(rec)  # the rollout replaces it (`rollout.Rollout`)
             ):
                 continue
             per_node = life.replicas.per_node(rec.model)

@@ -12,6 +12,8 @@ fails first leaves its copy as its replacement; one scaled down takes its copy w
 that cannot be placed waits, pending, with its reason, and the original stays: `explain` tells
 why. When nothing is left on the node, `node.drained`; it stays cordoned until uncordoned.
 Uncordoning ends the drain: copies not yet placed are retired, placed ones finish their move.
+Each move spends one replica from the eviction budget (`pace.EvictionPace`) when it starts; a
+move the budget has no room for waits for a later reconcile.
 
 The defragmenter's moves are separate; both are moves of the one move service (`moves.Moves`),
 which the lifecycle tells of replicas ready or gone.
@@ -156,6 +158,8 @@ class Drainer:
         dep = life.deployments.get(rec.model)
         if dep is None:
             return  # its deployment is going: it is retired anyway
+        if not life.afford_moves([rec]):
+            return  # past the eviction pace: it moves when the budget has room again
         copy = life.new_replica(dep)
         self._moves.start(Move(DRAIN, rec.id, copy.id, node))
         life.out.emit("replica.moving", model=rec.model, replica=rec.id, to=copy.id, drain=node)

@@ -177,6 +177,34 @@ class HealthTracker:
             self._lost[node] = seen
         return [_change(node, NodeState.SUSPECT, NodeState.LOST) for _, node in moved]
 
+    def overdue(self, now_ms: int) -> list[NodeId]:
+        """Suspect nodes silent for `node_lost_after` or longer, oldest silence first: due to be
+        declared lost (`declare_lost`), which the eviction pace may defer (from the front of the
+        suspect book only: O(overdue nodes))."""
+        out: list[tuple[int, NodeId]] = []
+        for node, seen in self._suspect.items():
+            if now_ms - seen < self._lost_after:
+                break
+            out.append((seen, node))
+        out.sort()  # by last heartbeat, ties by name
+        return [node for _, node in out]
+
+    def declare_lost(self, node: NodeId) -> HealthChange:
+        """An overdue suspect node is declared lost."""
+        seen = self._suspect.pop(node)
+        self._lost[node] = seen
+        return _change(node, NodeState.SUSPECT, NodeState.LOST)
+
+    def nth_silence(self, n: int) -> int | None:
+        """The last heartbeat of the suspect node silent `n`-th longest (0: the longest), or
+        None when fewer are suspect."""
+        if n >= len(self._suspect):
+            return None
+        for i, seen in enumerate(self._suspect.values()):
+            if i == n:
+                return seen
+        return None  # pragma: no cover (n < len)
+
     def next_deadline_ms(self) -> int | None:
         """The earliest time at which `expire` would change something."""
         deadlines: list[int] = []

@@ -51,6 +51,8 @@ RECOVERY_PATHS: tuple[tuple[str, str, str], ...] = (
     ("backoff", "replica.backoff", r""),
     ("mass-loss hold", "fleet.hold", r""),
     ("mass-loss resumed", "fleet.resumed", r""),
+    ("mass-loss accepted", "fleet.loss_accepted", r""),
+    ("loss paced (node kept)", "node.loss_paced", r""),
     ("scaled down", "replica.reaped", r"^scaled down$"),
     ("unplaceable", "replica.unplaceable", r""),
     ("link down seen", "node.link_down", r""),
