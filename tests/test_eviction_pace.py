@@ -144,6 +144,7 @@ def test_silent_nodes_beyond_the_budget_are_kept_out_of_routing_and_not_replaced
     assert len(run.of("replica.failed")) == 2
     for name in set(silent) - set(map(str, lost)):
         assert run.ctl.node_state(NodeId(name)) is NodeState.SUSPECT
+    assert run.ctl.paced() == sorted(set(silent) - set(map(str, lost)))
     # the kept replicas: live, counted (no replacement for them), neither ready nor routed
     assert len(run.ctl.live_replicas(M)) == 12  # 10 kept or healthy, 2 replacements pending
     assert len(run.ctl.ready_replicas(M)) == 7
@@ -152,6 +153,7 @@ def test_silent_nodes_beyond_the_budget_are_kept_out_of_routing_and_not_replaced
     run.run(80_000, 90_000, heard + silent)
     assert len(run.of("node.lost")) == 2 and len(run.of("replica.failed")) == 2
     assert len(run.router.routes(M)) == 10
+    assert run.ctl.paced() == []
     assert run.of("node.loss_paced").count("n03") == 1  # said once per silence
 
 
@@ -193,7 +195,7 @@ def test_a_hold_ends_after_its_bound_and_the_loss_is_paced() -> None:
     run.run(150_000, hold_at + 120_000, heard)
     assert not run.of("fleet.loss_accepted")
     run.run(hold_at + 120_000, hold_at + 121_000, heard)
-    assert run.of("fleet.loss_accepted") and not run.ctl.held()
+    assert run.of("fleet.loss_accepted") and not run.ctl.held() and run.ctl.loss_accepted()
     # the silent nodes' replicas are capacity no more: not ready, not routed
     assert len(run.ctl.ready_replicas(M)) == 3
     assert len(run.router.routes(M)) == 3

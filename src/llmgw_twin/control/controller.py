@@ -175,6 +175,14 @@ class Controller:
         """The mass-loss guard holds: the controller takes the fleet's silence for its own."""
         return self._fleet.guard.held
 
+    def loss_accepted(self) -> bool:
+        """The last mass-loss hold ran past its bound: the silence is taken as the fleet's."""
+        return self._fleet.guard.accepted
+
+    def paced(self) -> list[NodeId]:
+        """Nodes silent past the lost window that the eviction pace keeps (`node.loss_paced`)."""
+        return sorted(self._fleet.paced)
+
     def failed_gpus(self, node: NodeId) -> tuple[int, ...]:
         return self._capacity.failed_gpus(node)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import ModelName, NodeId, ReplicaState
+from llmgw_twin.control.model import ModelName, NodeId, NodeState, ReplicaState
 from llmgw_twin.control.routing import Router
 from llmgw_twin.service.common.wire import DeploymentW, NodeInfoW
 
@@ -42,6 +42,9 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
                 "gpu_count": info.gpus,
                 "failed_gpus": list(core.failed_gpus(node)),
                 "fabric_link_up": core.link_up(node),
+                # what the node reported last, not heard since: not alive means its link and
+                # shard states are the last values heard, shown as such
+                "stale": health is not NodeState.ALIVE,
                 "cordoned": node in cordoned,
                 "draining": node in draining,
             }
@@ -81,6 +84,8 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
     return {
         "t_ms": t_ms,
         "mass_loss_hold": core.held(),
+        "mass_loss_accepted": core.loss_accepted(),
+        "loss_paced": core.paced(),
         "quarantines": [
             {"node": n, "profile": p, "until_ms": until, "reason": reason}
             for n, p, until, reason in core.quarantines()
