@@ -173,6 +173,7 @@ def test_the_wire_normalises_failed_gpus_and_carries_the_agent_url_beside_the_re
         "failed_gpus": [],
         "fabric_up": True,
         "heartbeat_interval_ms": 0,
+        "version": 0,
     }
     again = reg.model_copy(update={"failed_gpus": [3, 1, 3]})
     assert again.to_core() == p.NodeRegistered(info, (), 3, (1, 3))

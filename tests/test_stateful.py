@@ -197,6 +197,9 @@ class ControlPlane(RuleBasedStateMachine):
         """Ids that left the controller: reaped, or not restored by a restart."""
         self.live_before: set[ReplicaId] = set()
         self.restarts = 0
+        self.taken: dict[NodeId, tuple[int, int]] = {}
+        """Per node, the (incarnation, version) of the newest report the controller took; a
+        restarted controller remembers none."""
         self.log: list[str] = []
         self.routed_while_suspect: set[ReplicaId] = set()
         """Replicas announced routable (ready or adopted with an endpoint) while a node of
@@ -257,8 +260,20 @@ class ControlPlane(RuleBasedStateMachine):
         return step
 
     def _deliver(self, node: NodeTruth, msg: Heartbeat | NodeRegistered) -> Step:
-        """A report from `node` reaches the controller."""
-        node.delivered = {r.spec.key: r for r in msg.shards if r.spec.node == node.name}
+        """A report from `node` reaches the controller. One older than a report the controller
+        already took from the same agent process (a heartbeat overtaken on the way) says only
+        that the node is alive: the controller ignores what it says, and so does this view."""
+        seen = self.taken.get(node.name)
+        stale = (
+            msg.version > 0
+            and seen is not None
+            and seen[0] == msg.incarnation
+            and msg.version < seen[1]
+        )
+        if not stale:
+            node.delivered = {r.spec.key: r for r in msg.shards if r.spec.node == node.name}
+            if msg.version > 0:
+                self.taken[node.name] = (msg.incarnation, msg.version)
         if isinstance(msg, NodeRegistered):
             node.asked = False
         return self._apply(self.ctl.handle(msg, self.now))
@@ -625,6 +640,7 @@ class ControlPlane(RuleBasedStateMachine):
         self.restarts += 1
         self._say(f"controller restarts from the store ({len(self.store.replicas)} replica(s))")
         self.ctl = Controller(T, restored=self.store)
+        self.taken = {}
         self.router = Router()
         self.routed_while_suspect.clear()
         self._apply(self.ctl.start(self.now))
