@@ -6,9 +6,9 @@ replica lives goes with the durable write that records it (`PutSeq` before an id
 `PutReplica` on bind, `DeleteReplica` on reap), so the store always says where every live
 replica is. Every state change goes through `ReplicaRecord.move` (the table in `states.py`).
 
-It also keeps the timers of the lifecycle as data (a heap the controller's tick drains): each
-placed replica's start deadline, each degraded replica's grace, each backed-off replacement's
-earliest placement. Failures feed the `FailureBook`, whose back-off, quarantines and
+Its timers are data, in a part of their own (`timers.Timers`, a heap the controller's tick
+drains): each placed replica's start deadline, each degraded replica's grace, each backed-off
+replacement's earliest placement. Failures feed the `FailureBook`, whose back-off, quarantines and
 not-heard-since nodes shape every later placement.
 
 Invariants: a failed replica is reaped in the same call (its GPUs freed, its shards dropped from
@@ -18,16 +18,13 @@ has a shard on a node turned suspect, and rejoins it when whole and heard again.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Mapping
 
 from llmgw_twin.control.durable import (
     DeleteReplica,
-    PutQuarantine,
     PutReplica,
     PutSeq,
-    QuarantineRow,
     ReplicaRow,
 )
 from llmgw_twin.control.model import (
@@ -42,7 +39,6 @@ from llmgw_twin.control.model import (
     ReplicaId,
     ReplicaState,
     ShardSpec,
-    ShardState,
 )
 from llmgw_twin.control.moves import DRAIN, Move, Moves, MoveUser
 from llmgw_twin.control.parts import Books
@@ -51,6 +47,7 @@ from llmgw_twin.control.placement import Placement
 from llmgw_twin.control.protocol import RequestReport
 from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.surplus import retire_order
+from llmgw_twin.control.timers import Timers
 
 
 class Lifecycle:
@@ -78,9 +75,10 @@ class Lifecycle:
         """Whether a live replica counts toward its deployment (`parts.Liveness.counts`)."""
         self.draining = draining
         """The operator is draining this node (`drain.Drainer`): its replicas go first."""
-        self._timers: list[tuple[int, str, ReplicaId]] = []
         self._placement_due = False
         """Something changed that may let a pending replica fit (capacity or a new replica)."""
+        self.timers = Timers(books, self.fail, self.placement_may_fit)
+        """Start deadlines, degraded graces and back-offs, as data; and what each does when due."""
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self.replicas[rid]
@@ -187,7 +185,7 @@ class Lifecycle:
             reason=reason,
         )
         self.reap(rec, reason)
-        self._announce(started)
+        self.timers.announce(started)
 
     def reap(self, rec: ReplicaRecord, reason: str, scaled_down: bool = False) -> None:
         """Drop the replica's shards from every node's assignment and free its GPUs."""
@@ -256,7 +254,7 @@ class Lifecycle:
         delay = self.failures.backoff_ms(dep.model, now)
         if delay > 0:
             rec.not_before_ms = now + delay
-            heapq.heappush(self._timers, (rec.not_before_ms, "backoff", rec.id))
+            self.timers.arm(rec.not_before_ms, "backoff", rec.id)
             self.out.emit("replica.backoff", model=dep.model, replica=rec.id, delay_ms=delay)
         return rec
 
@@ -354,117 +352,19 @@ class Lifecycle:
             nodes=placement.nodes,
         )
 
-    # --- timers ------------------------------------------------------------------------------
+    # --- timers (`timers.Timers`) --------------------------------------------------------------
 
     def watch_start(self, rec: ReplicaRecord) -> None:
-        """Arm the replica's start deadline (from now: placement, or adoption while loading)."""
-        self.replicas.unready[rec.id] = None
-        deadline = self.out.now_ms + self.timings.start_deadline_ms(rec.profile)
-        heapq.heappush(self._timers, (deadline, "start", rec.id))
+        self.timers.watch_start(rec)
 
     def run_timers(self) -> None:
-        """Act on every timer that is due: missed start deadlines, degraded replicas past their
-        grace, back-offs that ended."""
-        now = self.out.now_ms
-        while self._timers and self._timers[0][0] <= now:
-            _, kind, rid = heapq.heappop(self._timers)
-            rec = self.replicas.get(rid)
-            if rec is None or not rec.state.live:
-                continue
-            if kind == "start" and rid in self.replicas.unready:
-                limit = self.timings.start_deadline_ms(rec.profile)
-                reason = f"not ready within {limit // 1000}s"
-                self.fail(rec, reason, None, crash=True, blamed=rec.nodes)
-                self._quarantine_nodes(rec, reason)
-            elif kind == "degraded" and rec.state is ReplicaState.DEGRADED:
-                if now - rec.degraded_since_ms >= self.timings.unresponsive_grace_ms:
-                    self._fail_unresponsive(rec)
-            elif kind == "backoff" and rec.state is ReplicaState.PENDING:
-                self._placement_due = True
+        self.timers.run()
 
     def excuse(self, lag_ms: int) -> None:
-        """The controller itself fell `lag_ms` behind: that long of every start deadline and
-        degraded grace running was the controller's, not the engine's (its reports waited in
-        line), so each ends that much later. O(timers), once per episode of lag."""
-        degraded: set[ReplicaId] = set()
-        timers = []
-        for at, kind, rid in self._timers:
-            moved = kind in ("start", "degraded")
-            if kind == "degraded":
-                degraded.add(rid)
-            timers.append((at + lag_ms if moved else at, kind, rid))
-        heapq.heapify(timers)
-        self._timers = timers
-        for rid in degraded:
-            rec = self.replicas.get(rid)
-            if rec is not None and rec.state is ReplicaState.DEGRADED:
-                rec.degraded_since_ms += lag_ms
-
-    def _fail_unresponsive(self, rec: ReplicaRecord) -> None:
-        """A degraded replica past its grace: blamed on the workers not answering (a hung
-        worker stalls its leader too: the leader is the symptom), else on its leader."""
-        hung = [
-            s
-            for s in rec.specs[1:]
-            if (r := rec.reports.get(s.rank)) is not None and r.state is ShardState.UNRESPONSIVE
-        ]
-        if hung:
-            where = ", ".join(f"{s.rank} on {s.node}" for s in hung)
-            reason = f"worker rank {where} not answering for {self._grace_s()}s"
-            blamed = tuple(s.node for s in hung)
-            self.fail(rec, reason, blamed[0], crash=True, blamed=blamed)
-            return
-        leader = rec.nodes[0]
-        reason = f"leader on {leader} not answering for {self._grace_s()}s"
-        self.fail(rec, reason, leader, crash=True)
+        self.timers.excuse(lag_ms)
 
     def forgive(self, node: NodeId, since_ms: int, why: str) -> None:
-        """`node` was lost or rebooted after it was last heard at `since_ms`: the engine
-        failures counted since of replicas with a shard on it were its doing, not the
-        engines'. They leave the failure history (`replica.forgiven`), and a replacement
-        backed off on their account may start sooner."""
-        forgiven = self.failures.forgive(node, since_ms, self.out.now_ms)
-        models = sorted({f.model for f in forgiven})
-        for f in forgiven:
-            self.out.emit(
-                "replica.forgiven",
-                model=f.model,
-                replica=f.replica,
-                node=node,
-                reason=f"{why}: not the engine's failure",
-            )
-            for write in self.failures.history(f.model, f.profile, f.blamed):
-                self.out.write(write)
-        now = self.out.now_ms
-        for model in models:
-            delay = self.failures.backoff_ms(model, now)
-            for rec in self.replicas.live(model):
-                if rec.state is ReplicaState.PENDING and rec.not_before_ms > now + delay:
-                    rec.not_before_ms = now + delay
-                    heapq.heappush(self._timers, (rec.not_before_ms, "backoff", rec.id))
-                    self._placement_due = True
-
-    def _grace_s(self) -> int:
-        return self.timings.unresponsive_grace_ms // 1000
-
-    def _quarantine_nodes(self, rec: ReplicaRecord, reason: str) -> None:
-        """A replica that could not become ready keeps its profile off the nodes it tried."""
-        rows = self.failures.quarantine(
-            rec.nodes, rec.profile.name, self.out.now_ms, f"{rec.id} {reason}"
-        )
-        self._announce(rows)
-
-    def _announce(self, quarantines: list[QuarantineRow]) -> None:
-        """Quarantines just begun: kept in the store, and said in the trace."""
-        for q in quarantines:
-            self.out.write(PutQuarantine(q))
-            self.out.emit(
-                "node.quarantined",
-                node=q.node,
-                profile=q.profile,
-                reason=q.reason,
-                until_ms=q.until_ms,
-            )
+        self.timers.forgive(node, since_ms, why)
 
     # --- readiness both ways -----------------------------------------------------------------
 
@@ -475,7 +375,7 @@ class Lifecycle:
         rec.degraded_since_ms = self.out.now_ms
         rec.endpoint = None
         grace_end = self.out.now_ms + self.timings.unresponsive_grace_ms
-        heapq.heappush(self._timers, (grace_end, "degraded", rec.id))
+        self.timers.arm(grace_end, "degraded", rec.id)
         self.out.emit("replica.degraded", model=rec.model, replica=rec.id, reason=reason)
 
     def recover(self, rec: ReplicaRecord, endpoint: str | None) -> None:
