@@ -144,10 +144,13 @@ def _json(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
 
 def test_cordon_and_uncordon(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
     free = next(n for n in NODES if not fleet.on(n))
-    assert main(fleet.ctl("cordon", free)) == 0
+    assert main(fleet.ctl("cordon", free, "-o", "json")) == 0
     assert _json(capsys) == {"node": free, "cordoned": True, "changed": True}
-    assert main(fleet.ctl("cordon", free)) == 0
-    assert _json(capsys)["changed"] is False
+    assert main(fleet.ctl("cordon", free)) == 0  # prose, as every ctl write prints
+    assert capsys.readouterr().out == (
+        f"node {free}: cordoned, out of placement (what it runs keeps running) "
+        "(it already was: nothing changed)\n"
+    )
     (entry,) = [n for n in fleet.state()["nodes"] if n["node"] == free]
     assert entry["cordoned"] is True and entry["draining"] is False
     # a new replica does not go to the cordoned node, though it is the emptiest
@@ -156,7 +159,11 @@ def test_cordon_and_uncordon(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -
     wait_sync(lambda: True if fleet.ready("tiny") == 3 else None, 20, "a third ready replica")
     assert fleet.on(free) == []
     assert main(fleet.ctl("uncordon", free)) == 0
-    assert _json(capsys) == {"node": free, "cordoned": False, "changed": True}
+    assert capsys.readouterr().out == (
+        f"node {free}: uncordoned, back in placement (a drain under way ends)\n"
+    )
+    assert main(fleet.ctl("uncordon", free, "-o", "yaml")) == 0
+    assert "changed: false" in capsys.readouterr().out
     assert main(fleet.ctl("cordon", "nosuch")) == 1
     assert "unknown node nosuch" in capsys.readouterr().err
 
@@ -185,6 +192,48 @@ def test_drain_wait_empties_the_node_make_before_break(
     ready_at = [i for i, t in enumerate(text) if '"replica.ready"' in t and f'"{copy}"' in t]
     reaped_at = [i for i, t in enumerate(text) if '"replica.reaped"' in t and f'"{original}"' in t]
     assert ready_at and reaped_at and ready_at[0] < reaped_at[0]
+
+    # the reaped original is explained with its reap's cause, from the controller's log
+    assert main(fleet.ctl("explain", original, "-o", "json")) == 0
+    gone = _json(capsys)
+    assert gone["state"] == "reaped" and gone["cause"]["event"] == "replica.reaped"
+    assert busy in gone["cause"]["reason"], gone  # the drain of the node it was on
+    assert main(fleet.ctl("explain", original)) == 0
+    assert f"why: reaped: {gone['cause']['reason']}" in capsys.readouterr().out
+
+
+def test_a_drain_wait_that_runs_out_says_the_drain_goes_on(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    busy = next(n for n in NODES if fleet.on(n))
+    assert main(fleet.ctl("drain", busy, "--wait", "1ms")) == 1  # no copy is ready within 1 ms
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        f"node {busy}: not drained after 1ms; the drain goes on in the controller "
+        f"(`llmgw-twin ctl drain {busy} --wait D` waits again; `llmgw-twin ctl uncordon {busy}` "
+        "cancels it and puts the node back into placement)"
+    )
+    (entry,) = [n for n in fleet.state()["nodes"] if n["node"] == busy]
+    assert entry["draining"] is True  # it did go on
+    wait_sync(lambda: True if fleet.on(busy) == [] else None, 20, "the drain to finish")
+
+
+def test_explain_by_model_lists_its_replicas_and_a_typo_gets_a_hint(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live = sorted(r["replica"] for r in fleet.state()["replicas"] if r["model"] == "tiny")
+    assert main(fleet.ctl("explain", "tiny")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model tiny: deployed as 2 x profile tiny; 2 live replica(s)\n")
+    for rid in live:
+        assert f"replica {rid} of tiny (profile tiny): ready" in out
+    assert main(fleet.ctl("explain", "tiny", "-o", "json")) == 0
+    answer = _json(capsys)
+    assert [r["replica"] for r in answer["replicas"]] == live
+    assert main(fleet.ctl("explain", "tinny")) == 1
+    err = capsys.readouterr().err
+    assert "no replica and no model tinny" in err
+    assert "takes a replica id (such as tiny-r3) or a model name" in err
 
 
 def test_a_deployment_that_can_never_fit_is_accepted_with_the_reason(
@@ -219,7 +268,7 @@ def test_deployment_delete_retires_every_replica(
     fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = sorted(r["replica"] for r in fleet.state()["replicas"])
-    assert main(fleet.ctl("deployment", "delete", "tiny")) == 0
+    assert main(fleet.ctl("deployment", "delete", "tiny", "-o", "json")) == 0
     answer = _json(capsys)
     assert answer == {"model": "tiny", "deleted": True, "replicas_retired": before}
     state = fleet.state()

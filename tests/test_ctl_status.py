@@ -164,9 +164,9 @@ def test_the_tables_say_what_the_state_says(
         ["ib-a", "2", "2", "0", "0", f"{used['n1'] + used['n2']}/16", "0"],
         ["ib-b", "2", "2", "0", "0", f"{used['n3'] + used['n4']}/16", "1"],
     ]
-    assert nodes[0].split() == ["NODE", "FABRIC", "HEALTH", "GPUS", "FAILED", "FLAGS"]
+    assert nodes[0].split() == ["NODE", "FABRIC", "HEALTH", "LINK", "GPUS", "FAILED", "FLAGS"]
     assert _rows(nodes) == [
-        [name, FABRICS[name], "alive", f"{used[name]}/8", "2" if name == "n3" else "-", "-"]
+        [name, FABRICS[name], "alive", "up", f"{used[name]}/8", "2" if name == "n3" else "-", "-"]
         for name in sorted(FABRICS)
     ]
     assert by_node["n3"]["failed_gpus"] == [2]
@@ -211,3 +211,33 @@ def test_a_wrong_token_exits_1_and_no_controller_exits_2(
     (port,) = free_ports(1)
     assert main(["ctl", "status", "--controller", f"http://127.0.0.1:{port}"]) == 2
     assert "cannot reach the controller" in capsys.readouterr().err
+
+
+def test_a_node_not_heard_from_shows_its_link_as_the_last_value_heard() -> None:
+    """A suspect or lost node's link is what it said last: `unknown (last up)`, never `up`."""
+    from llmgw_twin.service.ops.ctl_status import render
+
+    def node(name: str, health: str, link_up: bool) -> dict[str, Any]:
+        return {
+            "node": name,
+            "fabric": "ib-a",
+            "state": health,
+            "stale": health != "alive",
+            "fabric_link_up": link_up,
+            "gpus": [],
+            "gpu_count": 8,
+            "failed_gpus": [],
+        }
+
+    state = {
+        "nodes": [
+            node("a1", "alive", True),
+            node("a2", "suspect", True),
+            node("a3", "lost", False),
+        ],
+        "fabrics": [{"fabric": "ib-a", "nodes": ["a1", "a2", "a3"]}],
+    }
+    lines = {line.split()[0]: line for line in render(state, every_node=True).splitlines() if line}
+    assert lines["a1"].split()[2:4] == ["alive", "up"]
+    assert "unknown (last up)" in lines["a2"] and " up " not in lines["a2"].replace("(last up)", "")
+    assert "unknown (last down)" in lines["a3"]

@@ -115,6 +115,8 @@ def expected(state: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, A
                 for g in n["gpus"]
             ]
             link = "up" if n["fabric_link_up"] else "down"
+            if n["stale"]:  # a node not heard from: the last value heard, marked as such
+                link = f"unknown (last heard {link})"
             counts = f"{used} / {n['gpu_count']}"
             health = (n["state"] or "unknown") + "".join(
                 f" {x}" for x in ("cordoned", "draining") if n.get(x)
@@ -125,6 +127,9 @@ def expected(state: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, A
     for r in state["replicas"]:
         up = sum(1 for s in r["shards"] if s["state"] in ("running", "serving"))
         shards = f"{up} / {len(r['shards'])}" if r["shards"] else ""
+        unheard = [s["node"] for s in r["shards"] if nodes[s["node"]]["stale"]]
+        if unheard:
+            shards += f" (last heard: {', '.join(unheard)})"
         reason = reason_of(r, events)
         fabric, members = r["fabric"] or "", ", ".join(r["nodes"])
         shown = "ready, unroutable" if r["state"] == "ready" and not r["routable"] else r["state"]
@@ -262,6 +267,12 @@ def test_the_page_shows_the_fleet_and_follows_it_without_a_reload(tmp_path: Path
         seen = agree(p, f)
         assert p.evaluate("window.loadedOnce") is True  # updated in place, never reloaded
         assert node_row(seen, "a2")[2] in ("suspect", "lost")
+        # its link is not shown up in green: the last value heard, in grey, said to be so
+        assert node_row(seen, "a2")[3] == "unknown (last heard up)"
+        a2_link = p.locator('#fabrics tr[data-node="a2"] td:nth-child(3) span')
+        assert a2_link.get_attribute("class") == "badge link-stale"
+        a1_link = p.locator('#fabrics tr[data-node="a1"] td:nth-child(3) span')
+        assert a1_link.get_attribute("class") == "badge link-up"
         assert node_row(seen, "c1")[:3] == ["ib-c", "c1", "alive"]
         p.screenshot(path=str(SCREENSHOT), full_page=True)
 

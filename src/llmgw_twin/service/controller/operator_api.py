@@ -10,13 +10,14 @@ progress) render the core's views (`control/explain.py`). An unknown node, deplo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path
 from pydantic import Field, StringConstraints
 
 from llmgw_twin.control.explain import explain, fit_warnings
-from llmgw_twin.control.model import ModelName, NodeId, ReplicaId
+from llmgw_twin.control.model import Deployment, ModelName, NodeId, ReplicaId, TraceEvent
 from llmgw_twin.control.protocol import ApplyDeployment, Cordon, DeleteDeployment, Drain
 from llmgw_twin.service.common.replies import NOT_FOUND
 from llmgw_twin.service.common.wire import NAME_PATTERN, DeploymentW, Refused, Wire
@@ -124,7 +125,94 @@ def add_operator_routes(app: FastAPI, runtime: ControllerRuntime, admin: list[An
 
     @app.get("/v1/admin/replicas/{replica}/explain", dependencies=admin, responses=NOT_FOUND)
     async def explain_replica(replica: ReplicaName) -> dict[str, Any]:
-        answer = explain(runtime.core, ReplicaId(replica))
+        answer = explain_one(runtime, replica)
         if answer is None:
-            raise Refused(f"no replica {replica} (a reaped one is forgotten)", 404)
+            hint = ""
+            if _is_model(runtime, replica):
+                hint = f": {replica} is a model, GET /v1/admin/models/{replica}/explain explains it"
+            raise Refused(f"no replica {replica} in the controller's memory or log{hint}", 404)
         return answer
+
+    @app.get("/v1/admin/models/{model}/explain", dependencies=admin, responses=NOT_FOUND)
+    async def explain_model(model: PathName) -> dict[str, Any]:
+        if not _is_model(runtime, model):
+            raise Refused(f"no deployment and no replica of model {model}", 404)
+        return explain_of_model(runtime, ModelName(model))
+
+
+CAUSES = ("replica.failed", "replica.reaped")
+"""The events that say why a replica left: its failure (with the node that failed), its reap."""
+RECENT_ENDS = 10
+"""How many of a model's recent failures and reaps its explanation lists."""
+
+
+def _ends(runtime: ControllerRuntime) -> Iterator[TraceEvent]:
+    """The failures and reaps in the controller's event log, newest first."""
+    for ev in reversed(runtime._events):
+        if ev.kind in CAUSES:
+            yield ev
+
+
+def _end(ev: TraceEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"event": ev.kind, "t_ms": ev.t_ms, "replica": ev.get("replica")}
+    for key in ("reason", "node", "fabric"):
+        if (value := ev.get(key)) is not None:
+            out[key] = value
+    return out
+
+
+def cause(runtime: ControllerRuntime, replica: str) -> dict[str, Any] | None:
+    """Why `replica` left, from the log: its failure (reason, the node that failed) if it
+    failed, else its reap's reason; None when the log no longer holds either."""
+    found = [_end(ev) for ev in _ends(runtime) if ev.get("replica") == replica]
+    if not found:
+        return None
+    failed = [e for e in found if e["event"] == "replica.failed"]
+    return failed[0] if failed else found[0]
+
+
+def explain_one(runtime: ControllerRuntime, replica: str) -> dict[str, Any] | None:
+    """The core's explanation, with the cause of a failed or reaped replica's end; a replica
+    the core forgot but the log remembers is explained from the log."""
+    answer = explain(runtime.core, ReplicaId(replica))
+    if answer is not None and answer["state"] not in ("failed", "reaped"):
+        return answer
+    why = cause(runtime, replica)
+    if answer is None:
+        if why is None:
+            return None
+        answer = {"replica": replica, "state": "reaped", "forgotten": True}
+        for ev in _ends(runtime):
+            if ev.get("replica") == replica and ev.get("model") is not None:
+                answer["model"] = ev.get("model")
+                break
+    if why is not None:
+        answer["cause"] = why
+        where = f" on {why['node']}" if why.get("node") else ""
+        answer["why"] = f"{answer['state']}{where}: {why.get('reason') or 'no reason logged'}"
+    return answer
+
+
+def _deployment(runtime: ControllerRuntime, model: str) -> Deployment | None:
+    return next((d for d in runtime.core.deployments() if d.model == model), None)
+
+
+def _is_model(runtime: ControllerRuntime, name: str) -> bool:
+    return _deployment(runtime, name) is not None or bool(
+        runtime.core.live_replicas(ModelName(name))
+    )
+
+
+def explain_of_model(runtime: ControllerRuntime, model: ModelName) -> dict[str, Any]:
+    """A model's deployment, each live replica's explanation, and its recent failures and reaps
+    with their causes (newest first)."""
+    core = runtime.core
+    dep = _deployment(runtime, model)
+    replicas = [explain(core, r.id) for r in core.live_replicas(model)]
+    ends = [_end(ev) for ev in _ends(runtime) if ev.get("model") == model][:RECENT_ENDS]
+    return {
+        "model": model,
+        "deployment": {"profile": dep.profile, "replicas": dep.replicas} if dep else None,
+        "replicas": [r for r in replicas if r is not None],
+        "recent_ends": ends,
+    }

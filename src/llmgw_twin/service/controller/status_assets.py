@@ -240,7 +240,8 @@ SCRIPT = r"""
     renderSummary(s, replicas);
     sync($('fabrics'), s.fabrics, (f) => f.fabric, makeFabric,
       (box, f) => updateFabric(box, f, f.nodes.map((name) => nodes.get(name)).filter(Boolean)));
-    sync($('replicas'), replicas, (r) => r.replica, () => row(7), updateReplica);
+    sync($('replicas'), replicas, (r) => r.replica, () => row(7),
+      (tr, r) => updateReplica(tr, r, nodes));
     const pending = replicas.filter((r) => r.state === 'pending');
     sync($('pending'), pending, (r) => r.replica, makePending, updatePending);
     $('pending-none').hidden = pending.length > 0;
@@ -318,7 +319,13 @@ SCRIPT = r"""
     badge(tr.children[1].firstChild, 'health', health);
     const flags = ['cordoned', 'draining'].filter((flag) => n[flag] === true);
     setText(tr.children[1].lastChild, flags.map((flag) => ' ' + flag).join(''));
-    badge(tr.children[2].firstChild, 'link', n.fabric_link_up ? 'up' : 'down');
+    // a suspect or lost node's link is the last value heard from it: shown as such, never green
+    const link = n.fabric_link_up ? 'up' : 'down';
+    if (n.stale === true) {
+      badge(tr.children[2].firstChild, 'link', 'stale');
+      setText(tr.children[2].firstChild, 'unknown (last heard ' + link + ')');
+    } else badge(tr.children[2].firstChild, 'link', link);
+    tr.dataset.link = n.stale === true ? 'stale' : link;
     setText(tr.children[3], usedOf(n) + ' / ' + n.gpu_count);
     setText(tr.children[4], n.failed_gpus.length);
     sync(tr.children[5].firstChild, n.gpus, (g) => g.index, () => el('span'), (e, g) => {
@@ -330,7 +337,7 @@ SCRIPT = r"""
     });
     setText(tr.children[6], (n.engines || []).join(', '));
   }
-  function updateReplica(tr, r) {
+  function updateReplica(tr, r, nodes) {
     tr.dataset.replica = r.replica;
     tr.dataset.state = r.state;
     if (!tr.children[2].firstChild) tr.children[2].appendChild(el('span'));
@@ -342,8 +349,13 @@ SCRIPT = r"""
     setText(tr.children[3], r.fabric || '');
     setText(tr.children[4], (r.nodes || []).join(', '));
     const up = (r.shards || []).filter((x) => x.state === 'running' || x.state === 'serving');
-    setText(tr.children[5], r.shards && r.shards.length ? up.length + ' / ' + r.shards.length
-      : '');
+    // shards on a node not heard from are counted as last heard, and marked so
+    const unheard = (r.shards || []).filter((x) => (nodes.get(x.node) || {}).stale === true);
+    setText(tr.children[5], (r.shards && r.shards.length ? up.length + ' / ' + r.shards.length
+      : '') + (unheard.length ? ' (last heard: ' + unheard.map((x) => x.node).join(', ') + ')'
+      : ''));
+    setClass(tr.children[5], unheard.length ? 'shards-stale' : '');
+    tr.dataset.stale = unheard.length ? 'true' : 'false';
     setClass(tr.children[6], 'reason');
     setText(tr.children[6], reasonOf(r));
   }

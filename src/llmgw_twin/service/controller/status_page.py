@@ -63,6 +63,7 @@ th { font-weight: 600; color: #5a6275; font-size: 12px; }
 .health-suspect, .state-placed, .state-starting, .state-adopting, .state-degraded {
   background: #fdefc8; color: #7a5500; }
 .health-lost, .link-down, .state-failed, .state-pending { background: #fde0e0; color: #a11b20; }
+.link-stale, .shards-stale { background: #e4e7ee; color: #5a6275; font-style: italic; }
 .strip { display: flex; gap: 2px; flex-wrap: wrap; max-width: 260px; }
 .gpu { width: 11px; height: 15px; border-radius: 2px; border: 1px solid #b9c0cc;
   background: #fff; }

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,10 @@ def _request(
     *,
     params: dict[str, str] | None = None,
     body: dict[str, Any] | None = None,
+    quiet: bool = False,
 ) -> tuple[int, dict[str, Any]]:
-    """(0 accepted, 1 refused, 2 unreachable) and the answer's body; refusals are printed."""
+    """(0 accepted, 1 refused, 2 unreachable) and the answer's body; refusals are printed, or,
+    `quiet`, left to the caller: the answer then holds the HTTP status as `_status`."""
     bases = [u.strip().rstrip("/") for u in str(args.controller).split(",") if u.strip()]
     try:
         verify = ClientTls(args.ca, args.cert, args.key or args.cert).context()
@@ -150,10 +153,17 @@ def _request(
         answer = {"detail": answer}
     if reply.is_success:
         return 0, answer
-    print(f"refused ({reply.status_code}): {answer.get('detail', answer)}", file=sys.stderr)
-    if hint := refusal_hint(args, reply.status_code):
-        print(f"hint: {hint}", file=sys.stderr)
+    if quiet:
+        return 1, answer | {"_status": reply.status_code}
+    refused(args, reply.status_code, answer)
     return 1, answer
+
+
+def refused(args: argparse.Namespace, status: int, answer: dict[str, Any]) -> None:
+    """Print a refusal, and what to do about it when ctl knows."""
+    print(f"refused ({status}): {answer.get('detail', answer)}", file=sys.stderr)
+    if hint := refusal_hint(args, status):
+        print(f"hint: {hint}", file=sys.stderr)
 
 
 def _to_leader(
@@ -208,12 +218,33 @@ def _standby_points_at(reply: httpx.Response) -> str | None:
 
 
 def _call(
-    args: argparse.Namespace, method: str, path: str, params: dict[str, str] | None = None
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    say: Callable[[dict[str, Any]], str],
+    params: dict[str, str] | None = None,
 ) -> int:
+    """One write: the controller's answer in a sentence (`say` writes it), or as it came with
+    `-o json|yaml`, as every ctl write prints it."""
     status, answer = _request(args, method, path, params=params)
     if status == 0:
-        print(json.dumps(answer, sort_keys=True))
+        print_answer(args, answer, say(answer) if args.output not in ("json", "yaml") else "")
     return status
+
+
+def add_write_output(parser: argparse.ArgumentParser) -> None:
+    """`-o text|json|yaml` for a write: a sentence for people (the default), or the answer."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="text: a sentence for people (the default); json or yaml: the controller's answer",
+    )
+
+
+def _changed(answer: dict[str, Any]) -> str:
+    return "" if answer.get("changed", True) else " (it already was: nothing changed)"
 
 
 def issue_credential(
@@ -235,11 +266,18 @@ class ClearGpu:
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("node")
         parser.add_argument("gpu", type=int)
+        add_write_output(parser)
         _common(parser)
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/failed-gpus/{args.gpu}")
+        path = f"/v1/admin/nodes/{args.node}/failed-gpus/{args.gpu}"
+        return _call(
+            args,
+            "DELETE",
+            path,
+            lambda a: f"node {a['node']}: GPU {a['gpu']} cleared, placement may use it again",
+        )
 
 
 class ClearQuarantine:
@@ -249,12 +287,18 @@ class ClearQuarantine:
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("node")
         parser.add_argument("--profile", help="only this profile's quarantine")
+        add_write_output(parser)
         _common(parser)
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
         params = {"profile": args.profile} if args.profile else None
-        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/quarantine", params)
+
+        def say(a: dict[str, Any]) -> str:
+            which = f"profile {a['profile']}" if a.get("profile") else "every profile"
+            return f"node {a['node']}: quarantine lifted for {which}"
+
+        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/quarantine", say, params)
 
 
 class NewToken:
@@ -305,8 +349,14 @@ class Revoke:
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("node")
+        add_write_output(parser)
         _common(parser)
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        return _call(args, "DELETE", f"/v1/admin/nodes/{args.node}/credential")
+        return _call(
+            args,
+            "DELETE",
+            f"/v1/admin/nodes/{args.node}/credential",
+            lambda a: f"node {a['node']}: credential revoked, its agent is refused from now on",
+        )

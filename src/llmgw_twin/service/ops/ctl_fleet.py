@@ -16,10 +16,20 @@ empty (exit 0) or the wait is over (exit 1), printing each change.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
-from llmgw_twin.service.ops.ctl import _call, _common, _request, add_output, print_answer
+from llmgw_twin.service.ops.ctl import (
+    _call,
+    _changed,
+    _common,
+    _request,
+    add_output,
+    add_write_output,
+    print_answer,
+    refused,
+)
 from llmgw_twin.units import parse_duration
 
 POLL_S = 1.0
@@ -36,17 +46,29 @@ class _OneCall:
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(cls.arg)
+        add_write_output(parser)
         _common(parser)
 
     @classmethod
     def main(cls, args: argparse.Namespace) -> int:
-        return _call(args, cls.method, cls.path.format(getattr(args, cls.arg)))
+        return _call(args, cls.method, cls.path.format(getattr(args, cls.arg)), cls.say)
+
+    @staticmethod
+    def say(answer: dict[str, Any]) -> str:
+        raise NotImplementedError
 
 
 class Cordon(_OneCall):
     """Take a node out of placement: what it runs keeps running."""
 
     path = "/v1/admin/nodes/{}/cordon"
+
+    @staticmethod
+    def say(answer: dict[str, Any]) -> str:
+        return (
+            f"node {answer['node']}: cordoned, out of placement (what it runs keeps running)"
+            + _changed(answer)
+        )
 
 
 class Uncordon(_OneCall):
@@ -55,6 +77,13 @@ class Uncordon(_OneCall):
     method = "DELETE"
     path = "/v1/admin/nodes/{}/cordon"
 
+    @staticmethod
+    def say(answer: dict[str, Any]) -> str:
+        return (
+            f"node {answer['node']}: uncordoned, back in placement (a drain under way ends)"
+            + _changed(answer)
+        )
+
 
 class DeleteDeployment(_OneCall):
     """Delete a deployment: every replica of it is retired, and nothing replaces them."""
@@ -62,6 +91,13 @@ class DeleteDeployment(_OneCall):
     arg = "model"
     method = "DELETE"
     path = "/v1/admin/deployments/{}"
+
+    @staticmethod
+    def say(answer: dict[str, Any]) -> str:
+        retired = answer.get("replicas_retired") or []
+        return f"deployment {answer['model']} deleted: {len(retired)} replica(s) retired" + (
+            f" ({', '.join(retired)})" if retired else ""
+        )
 
 
 def _progress(answer: dict[str, Any]) -> str:
@@ -79,6 +115,12 @@ def _progress(answer: dict[str, Any]) -> str:
     return f"node {answer.get('node')}: {len(left)} replica(s) left: " + "; ".join(parts)
 
 
+def _show(args: argparse.Namespace, answer: dict[str, Any], line: str) -> None:
+    """A drain's progress: `line` for people, the answer itself with -o json|yaml."""
+    print_answer(args, answer, line)
+    sys.stdout.flush()
+
+
 class Drain:
     """Empty a node for maintenance: it is cordoned, and each replica on it gets a copy
     elsewhere; the original stops once its copy is ready."""
@@ -91,6 +133,7 @@ class Drain:
             metavar="D",
             help="wait up to D (e.g. 10m) for the node to be empty, printing the progress",
         )
+        add_write_output(parser)
         _common(parser)
 
     @staticmethod
@@ -104,13 +147,13 @@ class Drain:
         if status != 0:
             return status
         line = _progress(answer)
-        print(line, flush=True)
+        _show(args, answer, line)
         if wait_ms is None:
             return 0
         deadline = time.monotonic() + wait_ms / 1000
         while not (answer.get("drained") or not answer.get("replicas")):
             if time.monotonic() >= deadline:
-                print(f"node {args.node}: not drained after {args.wait}", flush=True)
+                print(timed_out(args.node, args.wait), flush=True)
                 return 1
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
             status, answer = _request(args, "GET", f"/v1/admin/nodes/{args.node}/drain")
@@ -118,29 +161,81 @@ class Drain:
                 return status
             if (now := _progress(answer)) != line:
                 line = now
-                print(line, flush=True)
+                _show(args, answer, line)
         return 0
 
 
+def timed_out(node: str, wait: str) -> str:
+    """What a `drain --wait` that ran out says: the drain is not stopped by it."""
+    return (
+        f"node {node}: not drained after {wait}; the drain goes on in the controller "
+        f"(`llmgw-twin ctl drain {node} --wait D` waits again; `llmgw-twin ctl uncordon {node}` "
+        "cancels it and puts the node back into placement)"
+    )
+
+
 class Explain:
-    """Why a replica is where it is, or why it is pending and where it could go."""
+    """Why a replica is where it is, why it is pending and where it could go, or why it
+    failed or was reaped; given a model, the same for each of its replicas."""
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("replica")
+        parser.add_argument("replica", metavar="REPLICA|MODEL", help="a replica id or a model")
         add_output(parser)
         _common(parser)
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        status, answer = _request(args, "GET", f"/v1/admin/replicas/{args.replica}/explain")
+        name = args.replica
+        path = f"/v1/admin/replicas/{name}/explain"
+        status, answer = _request(args, "GET", path, quiet=True)
+        render = render_explain
+        if status == 1 and answer.get("_status") == 404:
+            model = f"/v1/admin/models/{name}/explain"
+            status, by_model = _request(args, "GET", model, quiet=True)
+            if status == 0:
+                answer, render = by_model, render_model
+            elif by_model.get("_status") == 404:
+                print(f"error: no replica and no model {name} in the controller", file=sys.stderr)
+                print(
+                    "hint: ctl explain takes a replica id (such as tiny-r3) or a model name; "
+                    "`llmgw-twin ctl status` lists the models, `-o json` every replica id",
+                    file=sys.stderr,
+                )
+                return 1
+        if status == 1:
+            code = int(answer.pop("_status", 0))
+            refused(args, code, answer)
         if status != 0:
             return status
-        print_answer(args, answer, render_explain(answer) if args.output == "table" else "")
+        print_answer(args, answer, render(answer) if args.output == "table" else "")
         return 0
 
 
+def render_model(a: dict[str, Any]) -> str:
+    """A model's explanation: its deployment, each live replica, its recent ends."""
+    dep = a.get("deployment")
+    wanted = f"deployed as {dep['replicas']} x profile {dep['profile']}" if dep else "not deployed"
+    reps = a.get("replicas", [])
+    lines = [f"model {a['model']}: {wanted}; {len(reps)} live replica(s)"]
+    for r in reps:
+        lines += ["", render_explain(r)]
+    ends = a.get("recent_ends", [])
+    if ends:
+        lines += ["", "recent failures and reaps (newest first):"]
+        for e in ends:
+            where = f" on {e['node']}" if e.get("node") else ""
+            verb = "failed" if e["event"] == "replica.failed" else "reaped"
+            lines.append(f"  {e['replica']} {verb}{where}: {e.get('reason') or '-'}")
+    return "\n".join(lines)
+
+
 def render_explain(a: dict[str, Any]) -> str:
+    if a.get("forgotten"):
+        return (
+            f"replica {a['replica']} of {a.get('model', '?')}: {a['state']} (forgotten but for "
+            f"the event log)\n  why: {a.get('why')}"
+        )
     need = a.get("needs", {})
     lines = [
         f"replica {a['replica']} of {a['model']} (profile {a['profile']}): {a['state']}",

@@ -7,7 +7,8 @@ It prints, as aligned tables:
 - a header line: node, fabric, replica and deployment counts, the mass-loss hold, quarantines;
 - one line per fabric: nodes, how many are alive, suspect and lost, GPUs used/total, failed GPUs
   (a 10,000-node fleet is a few lines); `--nodes` adds one line per node: its health, GPUs
-  used/total, its failed GPUs, and flags (cordoned, draining, fabric link down) when it has any;
+  used/total, its fabric link (`unknown (last up)` for a suspect or lost node: the last value
+  heard, not a current one), its failed GPUs, and flags (cordoned, draining) when it has any;
 - one line per model: the deployment's profile and wanted count, its live, ready and routable
   replicas, and how many are in each state;
 - one line per pending replica, with the reason it is not placed when the state gives one.
@@ -80,19 +81,25 @@ def fabric_rows(state: dict[str, Any]) -> list[list[object]]:
     return rows
 
 
+def link(node: dict[str, Any]) -> str:
+    """The node's fabric link: up or down, or, for a node not heard from (suspect, lost), the
+    last value heard marked as such: `unknown (last up)`, never a bare `up`."""
+    heard = "up" if node.get("fabric_link_up") is not False else "down"
+    return f"unknown (last {heard})" if node.get("stale") else heard
+
+
 def node_rows(state: dict[str, Any]) -> list[list[object]]:
-    """NODE FABRIC HEALTH GPUS (used/total) FAILED (the failed GPUs' indexes) FLAGS."""
+    """NODE FABRIC HEALTH LINK GPUS (used/total) FAILED (the failed GPUs' indexes) FLAGS."""
     rows: list[list[object]] = []
     for node in sorted(state.get("nodes", []), key=lambda n: str(n["node"])):
         failed = ",".join(str(g) for g in node.get("failed_gpus", ())) or "-"
         flags = [f for f in ("cordoned", "draining") if node.get(f)]
-        if node.get("fabric_link_up") is False:
-            flags.append("link-down")
         rows.append(
             [
                 node["node"],
                 node["fabric"],
                 node.get("state") or "-",
+                link(node),
                 f"{_used(node)}/{_total(node)}",
                 failed,
                 ",".join(flags) or "-",
@@ -140,7 +147,9 @@ def render(state: dict[str, Any], *, every_node: bool) -> str:
     )
     if every_node:
         lines.append("")
-        lines += table(["NODE", "FABRIC", "HEALTH", "GPUS", "FAILED", "FLAGS"], node_rows(state))
+        lines += table(
+            ["NODE", "FABRIC", "HEALTH", "LINK", "GPUS", "FAILED", "FLAGS"], node_rows(state)
+        )
     lines.append("")
     models = model_rows(state)
     if models:
