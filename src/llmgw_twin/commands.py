@@ -59,6 +59,13 @@ COMMANDS: tuple[Command, ...] = (
         SIMULATE,
     ),
     Command(
+        ("snapshot",),
+        f"{_OPS}.snapshot",
+        "write a live controller's fleet as a scenario file the twin starts from "
+        "(docs/live-twin.md)",
+        SIMULATE,
+    ),
+    Command(
         ("demo",),
         "llmgw_twin.realmode.demo",
         "a controller, four nodes on two fabrics and a deployment on this machine; "

@@ -30,6 +30,7 @@ from llmgw_twin.service.common.gate import guard
 from llmgw_twin.service.common.limits import MAX_INT
 from llmgw_twin.service.common.metrics import add_metrics_route
 from llmgw_twin.service.common.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
+from llmgw_twin.service.common.spec_view import spec_state
 from llmgw_twin.service.common.wire import (
     NAME_PATTERN,
     DeploymentW,
@@ -185,7 +186,8 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     @app.get("/v1/admin/state", dependencies=admin)
     async def state() -> dict[str, Any]:
         _shed_when_behind(runtime)
-        return runtime.state()
+        # with the profiles and timings, for `llmgw-twin snapshot` (docs/live-twin.md)
+        return runtime.state() | spec_state(runtime.core)
 
     @app.get("/v1/admin/events", dependencies=admin)
     async def events(

@@ -36,6 +36,7 @@ from llmgw_twin.twin.scenario.fleet import (
     load_profiles,
     node_defaults,
 )
+from llmgw_twin.twin.scenario.initial import load_initial
 from llmgw_twin.twin.scenario.limits import (
     MAX_COUNT,
     MAX_EVENT_STEPS,
@@ -70,6 +71,7 @@ TOP_KEYS = (
     "traffic",
     "expect",
     "invariants",
+    "initial",
 )
 TIMING_KEYS: tuple[SettingKey, ...] = setting_keys(Timings)
 """Every `Timings` field, by its name without `_ms` (docs/scenarios.md lists them)."""
@@ -200,6 +202,10 @@ def _scenario(text: str, path: str) -> Scenario:
     expectations = () if expect_node is None else load_expectations(expect_node, known)
     invariants_node = top.get("invariants")
     invariants_off = () if invariants_node is None else _invariants_off(invariants_node)
+    initial_node = top.get("initial")
+    initial = (
+        None if initial_node is None else load_initial(initial_node, nodes, profiles, deployments)
+    )
     scenario = Scenario(
         path=path,
         name=name,
@@ -216,6 +222,7 @@ def _scenario(text: str, path: str) -> Scenario:
         traffic=traffic,
         invariants_off=invariants_off,
         controllers=controllers,
+        initial=initial,
     )
     if (events := event_steps(scenario)) > MAX_EVENT_STEPS:
         raise yn.Invalid.at(

@@ -20,6 +20,7 @@ from llmgw_twin.control.model import (
     ProfileName,
     Timings,
 )
+from llmgw_twin.twin.scenario.initial_model import Initial
 
 # --- faults ----------------------------------------------------------------------------------
 
@@ -415,6 +416,9 @@ class Scenario:
     """Invariant name -> the reason it is off."""
     controllers: int = 1
     """Controller processes on the one store (`c1`..`cK`); c1 starts first and leads first."""
+    initial: Initial | None = None
+    """The state the fleet starts in (`initial`, `twin/scenario/initial.py`); None: empty nodes
+    and a controller that places every deployment from scratch."""
 
     @property
     def added_nodes(self) -> tuple[NodeInfo, ...]:

@@ -120,6 +120,24 @@ class SimNode:
         self.generation += 1
         self._agent_start(())
 
+    def boot_running(self, engines: list[SimEngine]) -> None:
+        """Power on with `engines` already running (a scenario's `initial` state,
+        `world/initial.py`): the agent finds them, as a restarted agent does, and registers
+        with them."""
+        self.up = True
+        self.generation += 1
+        for engine in engines:
+            self.engines[engine.key] = engine
+            self.world.hold_gpus(engine)
+        self._agent_start(adopted(self.engines_sorted(), self._endpoint))
+
+    def resume_start(self, engine: SimEngine) -> None:
+        """An engine found starting (`boot_running`) loads from the run's start, and a worker
+        joins its leader."""
+        self.world.later(self.slowed(engine.spec.load_time_ms), lambda: self._loaded(engine))
+        if engine.spec.rank > 0:
+            self._try_join(engine)
+
     def _agent_start(self, shards: tuple[LocalShard, ...]) -> None:
         """An agent process starts with `shards` (adopted) and registers, then heartbeats at a
         seeded phase; a new incarnation every time."""

@@ -35,6 +35,7 @@ from llmgw_twin.twin.world.expect import (
     judge_state,
 )
 from llmgw_twin.twin.world.faults import schedule_faults
+from llmgw_twin.twin.world.initial import InitialShell, boot_nodes
 from llmgw_twin.twin.world.network import Network
 from llmgw_twin.twin.world.sim import World
 
@@ -122,13 +123,18 @@ def run_scenario(scenario: Scenario, seed: int | None = None, bulk: bool = True)
         to_controller,
         bulk,
     )
-    shell = ControllerShell(scenario, world, trace)
+    shell = (InitialShell if scenario.initial is not None else ControllerShell)(
+        scenario, world, trace
+    )
     world.heartbeats.receive = shell.receive_heartbeat
     world.heartbeats.on_coast = shell.coast
     world.heartbeats.on_land = shell.land
     schedule_faults(scenario, world, shell, trace)
-    for name in sorted(n.node for n in scenario.nodes):
-        world.nodes[name].boot()
+    if scenario.initial is not None:  # its shards running, for the controller to adopt
+        boot_nodes(scenario, scenario.initial, world)
+    else:
+        for name in sorted(n.node for n in scenario.nodes):
+            world.nodes[name].boot()
     # the world, the fleet and the controller live for the whole run: keep the collector from
     # walking them again at every full collection (it still collects what the run creates)
     gc.freeze()

@@ -1,0 +1,281 @@
+"""`llmgw-twin snapshot --controller URL -o fleet.yaml`: the live fleet as a scenario file.
+
+One bounded call to the controller's admin API (`GET /v1/admin/state`, the admin token as `ctl`
+takes it: `--token-file`, else `$LLMGW_TWIN_TOKEN`) and the file it makes (docs/live-twin.md):
+the cluster (fabrics, each node's GPUs, memory and engines), the timings, the profiles and
+deployments, and an `initial` section (docs/scenarios.md) with each node's failed GPUs, cordon,
+drain and health, the quarantines, and every live replica with its id, profile, state and each
+shard's node, rank and GPUs. The twin started from the file is in exactly that state.
+
+Nothing secret goes into the file: no token, no credential, no agent URL, and a profile's engine
+flag that carries a key, token, secret or password has its value written as `REDACTED`.
+
+A controller that cannot be reached, or that refuses the credential, is one line on stderr and
+exit 2; the file is written to a temporary name beside it and renamed, so a failure leaves no
+half-written file (and any earlier file as it was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from llmgw_twin.control.model import Timings
+from llmgw_twin.service.common.tls import ClientTls
+from llmgw_twin.service.ops.ctl import TIMEOUT_S, CtlError, _common, _headers, _to_leader
+from llmgw_twin.units import fmt_duration, setting_keys
+
+REDACTED = "REDACTED"
+_SECRET_FLAG = re.compile(
+    r"--?[A-Za-z0-9_-]*(key|token|secret|password|passwd)[A-Za-z0-9_-]*", re.I
+)
+DEFAULT_DURATION_MS = 600_000
+_LIVE_STATES = {
+    "ready": "ready",
+    "degraded": "ready",
+    "adopting": "starting",
+    "placed": "starting",
+    "starting": "starting",
+    "pending": "pending",
+}
+
+
+class SnapshotError(Exception):
+    """One line saying why no snapshot was written."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("-o", "--out", type=Path, required=True, help="the scenario file to write")
+    parser.add_argument("--name", default="snapshot", help="the scenario's name (default snapshot)")
+    parser.add_argument(
+        "--duration", default="10m", help="how long the twin runs from the snapshot (default 10m)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the scenario's seed (default 0)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        from llmgw_twin.units import parse_duration
+
+        duration_ms = parse_duration(str(args.duration))
+        state = fetch_state(args)
+        text = scenario_text(state, args.name, duration_ms, args.seed, str(args.controller))
+        write_atomically(args.out, text)
+    except (SnapshotError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError, AttributeError) as e:
+        print(f"error: the controller's state is not as expected ({e!r})", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {_summary(state)}")
+    return 0
+
+
+def fetch_state(args: argparse.Namespace) -> dict[str, Any]:
+    """The admin state of the leading controller, or `SnapshotError` in one line."""
+    bases = [u.strip().rstrip("/") for u in str(args.controller).split(",") if u.strip()]
+    if not bases:
+        raise SnapshotError("--controller names no controller")
+    try:
+        verify = ClientTls(args.ca, args.cert, args.key or args.cert).context()
+        headers = _headers(args)
+        with httpx.Client(timeout=TIMEOUT_S, trust_env=False, verify=verify) as client:
+            reply = _to_leader(client, bases, "GET", "/v1/admin/state", None, None, headers)
+    except (CtlError, OSError) as e:
+        raise SnapshotError(str(e)) from None
+    except httpx.HTTPError as e:
+        raise SnapshotError(f"cannot reach the controller at {args.controller}: {e}") from None
+    if reply.status_code in (401, 403):
+        raise SnapshotError(
+            f"the controller at {args.controller} refused the credential ({reply.status_code}): "
+            "snapshot needs an admin token, in $LLMGW_TWIN_TOKEN or --token-file"
+        )
+    try:
+        answer = reply.json()
+    except ValueError:
+        answer = None
+    if not reply.is_success or not isinstance(answer, dict):
+        detail = answer.get("detail") if isinstance(answer, dict) else reply.text[:200]
+        raise SnapshotError(
+            f"the controller at {args.controller} answered {reply.status_code}: {detail}"
+        )
+    for key in ("nodes", "replicas", "deployments", "profiles", "timings"):
+        if key not in answer:
+            raise SnapshotError(
+                f"the controller at {args.controller} sent no '{key}' in its state (a version "
+                "before snapshots)"
+            )
+    return answer
+
+
+def redact(args: list[str]) -> list[str]:
+    """Engine flags with the value of any flag that names a key, token, secret or password
+    replaced (`--api-key X`, `--api-key=X`)."""
+    out: list[str] = []
+    secret_next = False
+    for arg in args:
+        if secret_next and not arg.startswith("-"):
+            out.append(REDACTED)
+            secret_next = False
+            continue
+        secret_next = False
+        flag, eq, _ = arg.partition("=")
+        if _SECRET_FLAG.fullmatch(flag):
+            if eq:
+                out.append(f"{flag}={REDACTED}")
+            else:
+                out.append(arg)
+                secret_next = True
+        else:
+            out.append(arg)
+    return out
+
+
+def _timings(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in setting_keys(Timings):
+        if k.key not in values or values[k.key] == k.default:
+            continue
+        v = values[k.key]
+        out[k.key] = (
+            fmt_duration(int(v))
+            if k.kind == "duration"
+            else (repr(float(v)) if k.kind == "share" else int(v))
+        )
+    return out
+
+
+def _profile(body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "engine": body["engine"],
+        "nodes": body.get("nodes", 1),
+        "gpus_per_node": body["gpus_per_node"],
+        "model": body["model"],
+    }
+    if body.get("load_time_ms"):
+        out["load_time"] = fmt_duration(int(body["load_time_ms"]))
+    if body.get("start_timeout_ms"):
+        out["start_timeout"] = fmt_duration(int(body["start_timeout_ms"]))
+    if body.get("args"):
+        out["args"] = redact([str(a) for a in body["args"]])
+    return out
+
+
+def _initial_node(node: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if node.get("state") in ("suspect", "lost"):
+        out["state"] = node["state"]
+    if node.get("failed_gpus"):
+        out["failed_gpus"] = sorted(int(g) for g in node["failed_gpus"])
+    if node.get("draining"):
+        out["draining"] = True
+    elif node.get("cordoned"):
+        out["cordoned"] = True
+    return out
+
+
+def _replica(r: dict[str, Any]) -> dict[str, Any]:
+    state = _LIVE_STATES.get(str(r.get("state")), "starting")
+    shards = sorted(r.get("shards") or [], key=lambda s: int(s["rank"]))
+    out: dict[str, Any] = {
+        "id": r["replica"],
+        "model": r["model"],
+        "profile": r["profile"],
+        "state": state if shards or state == "pending" else "pending",
+    }
+    if shards and state != "pending":
+        out["fabric"] = r["fabric"]
+        out["shards"] = [
+            {"rank": int(s["rank"]), "node": s["node"], "gpus": [int(g) for g in s["gpus"]]}
+            for s in shards
+        ]
+    return out
+
+
+def scenario(state: dict[str, Any], name: str, duration_ms: int, seed: int) -> dict[str, Any]:
+    """The scenario (as plain data, in the file's key order) of the admin `state`."""
+    nodes = sorted(state["nodes"], key=lambda n: n["node"])
+    fabrics: dict[str, list[str]] = {}
+    settings: dict[str, Any] = {}
+    for n in nodes:
+        fabrics.setdefault(n["fabric"], []).append(n["node"])
+        settings[n["node"]] = {
+            "gpus": int(n["gpu_count"]),
+            "gpu_memory": f"{int(n['gpu_memory_mib'])}MiB",
+            "engines": list(n["engines"]),
+        }
+    initial_nodes = {n["node"]: got for n in nodes if (got := _initial_node(n))}
+    quarantines = [
+        {
+            "node": q["node"],
+            "profile": q["profile"],
+            "for": fmt_duration(max(1, int(q["until_ms"]) - int(state["t_ms"]))),
+            "reason": str(q.get("reason") or ""),
+        }
+        for q in sorted(state.get("quarantines", []), key=lambda q: (q["node"], q["profile"]))
+        if int(q["until_ms"]) > int(state["t_ms"])
+    ]
+    replicas = sorted(state["replicas"], key=lambda r: r["replica"])
+    initial: dict[str, Any] = {}
+    if initial_nodes:
+        initial["nodes"] = initial_nodes
+    if quarantines:
+        initial["quarantines"] = quarantines
+    initial["replicas"] = [_replica(r) for r in replicas]
+    out: dict[str, Any] = {
+        "name": name,
+        "description": "the live fleet as its controller saw it, written by llmgw-twin snapshot",
+        "seed": seed,
+        "duration": fmt_duration(duration_ms),
+    }
+    if timings := _timings(state["timings"]):
+        out["timings"] = timings
+    out["cluster"] = {"fabrics": {f: fabrics[f] for f in sorted(fabrics)}, "nodes": settings}
+    if state["profiles"]:
+        out["profiles"] = {p: _profile(b) for p, b in sorted(state["profiles"].items())}
+    out["deployments"] = [
+        {"model": d["model"], "profile": d["profile"], "replicas": int(d["replicas"])}
+        for d in sorted(state["deployments"], key=lambda d: d["model"])
+    ]
+    out["initial"] = initial
+    return out
+
+
+def scenario_text(
+    state: dict[str, Any], name: str, duration_ms: int, seed: int, source: str
+) -> str:
+    data = scenario(state, name, duration_ms, seed)
+    head = f"# llmgw-twin snapshot of {source} (docs/live-twin.md)\n"
+    return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` to `path` through a temporary file beside it, renamed over it when complete."""
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise SnapshotError(f"cannot write {path}: {e}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise SnapshotError(f"cannot write {path}: {e}") from None
+
+
+def _summary(state: dict[str, Any]) -> str:
+    return (
+        f"{len(state['nodes'])} node(s), {len(state['deployments'])} deployment(s), "
+        f"{len(state['replicas'])} replica(s)"
+    )
