@@ -273,3 +273,12 @@ def test_loader_refuses_a_bad_initial_section(old: str, new: str, line: int, mes
     err = got.value
     assert (err.path, err.line) == ("bad.yaml", line), str(err)
     assert message in str(err)
+
+
+def test_real_mode_refuses_an_initial_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(BASE)
+    assert main(["run", "--real", str(path)]) == 2
+    assert "real mode does not start from an `initial` state" in capsys.readouterr().err

@@ -124,6 +124,11 @@ def _run_real_files(args: argparse.Namespace) -> int:
         try:
             scenario = load_scenario(path)
             check_real_supported(scenario)
+            if scenario.initial is not None:
+                raise ValueError(
+                    f"{path}: real mode does not start from an `initial` state (a snapshot's, "
+                    "docs/live-twin.md): run the file in the twin"
+                )
         except (ScenarioError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             worst = max(worst, EXIT_INVALID)
