@@ -282,3 +282,11 @@ def test_real_mode_refuses_an_initial_state(
     path.write_text(BASE)
     assert main(["run", "--real", str(path)]) == 2
     assert "real mode does not start from an `initial` state" in capsys.readouterr().err
+
+
+def test_a_lost_node_stays_off_and_is_declared_lost_again() -> None:
+    text = BASE.replace("node04: {failed_gpus: [7], cordoned: true}", "node04: {state: lost}")
+    result = run_scenario(load_scenario_text(text, "lost.yaml"))
+    lost = _events(result, "node.lost")
+    assert [(e["node"], e["t_ms"]) for e in lost] == [("node04", 60_000)]
+    assert [e["replica"] for e in _events(result, "replica.failed")] == ["big-r4"]
