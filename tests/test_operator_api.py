@@ -237,3 +237,13 @@ def test_a_controller_told_not_before_opens_its_store_and_serves_only_from_then(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def test_the_controller_logs_its_listen_address_at_start(
+    controller_url: str, tmp_path: Path
+) -> None:
+    """The log says where the controller is reached, once, before it serves."""
+    lines = (tmp_path / "controller.log").read_text().splitlines()
+    said = [line for line in lines if "listening on" in line]
+    assert len(said) == 1, lines
+    assert said[0].endswith(f"llmgw_twin.serving: listening on {controller_url}")

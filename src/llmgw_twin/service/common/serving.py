@@ -28,6 +28,7 @@ GRACEFUL_SHUTDOWN_S = 5
 bound, a TLS connection a peer keeps idle in its pool holds the shutdown for asyncio's TLS
 close timeout (30 s): the peer answers the close only when it next uses the connection."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+log = logging.getLogger("llmgw_twin.serving")
 
 
 MAX_WAIT_S = 600.0
@@ -102,6 +103,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen_url(host: str, port: int, tls: bool, sock: socket.socket | None = None) -> str:
+    """The address the server is reached at, as a client writes it: `sock`'s own port when
+    given (a port 0 in the config is the one the system chose)."""
+    if sock is not None:
+        port = int(sock.getsockname()[1])
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
 def serve(
     app: FastAPI,
     host: str,
@@ -127,5 +137,7 @@ def serve(
         **options,
     )
     server = uvicorn.Server(config)
+    # uvicorn names no address when it is handed a socket: the log says where to reach us
+    log.info("listening on %s", listen_url(host, port, tls is not None, sock))
     server.run(sockets=None if sock is None else [sock])
     return EXIT_OK if server.started else EXIT_FAILED

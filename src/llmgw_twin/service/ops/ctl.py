@@ -117,8 +117,8 @@ def refusal_hint(args: argparse.Namespace, status: int) -> str:
             "auth.admin_tokens in the controller's config"
         )
     return (
-        f"{source} is a credential of another kind (a node's, a router's or an API key): "
-        f"ctl needs an admin token, in ${TOKEN_ENV} or --token-file"
+        f"{source} is a credential of another kind (a reader's, which reads only, a node's, "
+        f"a router's or an API key): ctl needs an admin token, in ${TOKEN_ENV} or --token-file"
     )
 
 
