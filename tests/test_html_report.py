@@ -378,3 +378,92 @@ def test_a_page_that_cannot_be_written(capsys: pytest.CaptureFixture[str]) -> No
     (line,) = captured.err.splitlines()
     assert line.startswith("error: --html: cannot write /dev/full: ")
     assert "Traceback" not in captured.err
+
+
+def _png_pixels(png: bytes) -> list[tuple[int, int, int]]:
+    """The RGB of every pixel of an 8-bit RGB or RGBA PNG (what Chromium's screenshots are)."""
+    import struct
+    import zlib
+
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height, channels = 8, b"", 0, 0, 0
+    while pos < len(png):
+        (size,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, body = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + size]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6), (depth, color)
+            channels = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += size + 12
+    raw, stride, out = zlib.decompress(idat), width * channels, []
+    prev = bytearray(stride)
+    for y in range(height):
+        filt = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = prev[i], prev[i - channels] if i >= channels else 0
+            if filt == 1:
+                line[i] = (line[i] + a) & 255
+            elif filt == 2:
+                line[i] = (line[i] + b) & 255
+            elif filt == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif filt == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += [tuple(line[x * channels : x * channels + 3]) for x in range(width)]
+        prev = line
+    return out  # type: ignore[return-value]
+
+
+def test_lanes_and_labels_read_without_scrolling(
+    viewer: Viewer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each expectation's lane is labelled with its line and its text (shortened, whole on
+    hover), every label shows whole within the first screen, replica subtitles are not cut,
+    and a failing end-state is a mark wide enough to see, red in the screenshot."""
+    text = (SCENARIOS / "node-loss.yaml").read_text()
+    failing = text.replace("ready_replicas: {llama-70b: 2}", "ready_replicas: {llama-70b: 3}")
+    assert failing != text
+    (tmp_path / "end.yaml").write_text(failing)
+    run = run_cli(tmp_path / "end.yaml", tmp_path / "end.html", capsys)
+    assert run.rc == 1
+    page = viewer.open(run.page)
+    page.screenshot(path=str(tmp_path / "end.png"))  # what a reader sees first
+    width = page.viewport_size["width"] if page.viewport_size else 1400
+    for i, judged in enumerate(run.report["expectations"]):
+        label = page.locator(f'.xlane[data-expectation="{i}"] .label')
+        said = label.inner_text()
+        assert said.startswith("PASS" if judged["passed"] else "FAIL"), said
+        assert f"line {judged['line']}: " in said
+        words = " ".join(judged["text"].split())
+        shown = said.split(f"line {judged['line']}: ", 1)[1].rstrip("\u2026")
+        assert words.startswith(shown) and len(shown) >= min(len(words), 40), (shown, words)
+        assert attr(label, "data-tip") == f"line {judged['line']}: {judged['text']}"
+        box = label.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width
+        # nothing of it hidden: the label holds its text without clipping it
+        assert label.evaluate(
+            "e => e.scrollWidth <= e.clientWidth && e.scrollHeight <= e.clientHeight"
+        )
+    for sub in page.locator('[data-lane^="replica:"] .label small').all():
+        assert sub.inner_text(), "a replica lane has its subtitle"
+        assert sub.evaluate("e => e.scrollWidth <= e.clientWidth"), sub.inner_text()
+        lane_label = sub.locator("xpath=..")
+        assert lane_label.evaluate("e => e.scrollWidth <= e.clientWidth"), sub.inner_text()
+
+    end = len(run.report["expectations"]) - 1
+    assert run.report["expectations"][end]["passed"] is False
+    mark = page.locator(f'.xwin[data-expectation="{end}"]')
+    box, track = mark.bounding_box(), page.locator("#axis .track").bounding_box()
+    assert box is not None and track is not None
+    assert box["width"] >= 10, box  # not a 1-pixel sliver
+    assert box["x"] + box["width"] <= track["x"] + track["width"] + 1  # inside the chart
+    pixels = _png_pixels(mark.screenshot())
+    red = [p for p in pixels if p[0] > 150 and p[1] < 120 and p[2] < 120]
+    assert len(red) >= len(pixels) // 4, (len(red), len(pixels))
+    viewer.assert_clean(run.page)

@@ -150,7 +150,8 @@ def _run_real_files(args: argparse.Namespace) -> int:
             worst = max(worst, EXIT_FAILED)
             continue
         report: dict[str, object] = to_json(result)
-        text = timeline(result) if not args.quiet else verdict(result)
+        # the progress lines (not --quiet) gave each event as it happened: not again here
+        text = timeline(result, events=False) if not args.quiet else verdict(result)
         if args.compare:  # the twin's prediction: the scaled file, judged as the twin judges it
             twin = run_scenario(scale_scenario(scenario, args.time_scale))
             fid = fidelity(twin, result)

@@ -39,13 +39,17 @@ REPLICA_DECISIONS: dict[str, tuple[str, ...]] = {
 text such as a reason is left out: its wording carries times and names of its own)."""
 
 
-def timeline(result: RealResult) -> str:
+def timeline(result: RealResult, events: bool = True) -> str:
+    """The run for people: its events (unless `events` is False: the progress lines printed
+    each one as it happened, and the timeline is not printed twice), requests, results."""
     sc = result.scenario
     lines = [
         f"{sc.name} (real, time scale {result.time_scale}, tolerance "
         f"{fmt_ms(result.tolerance_ms)}) {sc.path}"
     ]
-    for ev in result.trace:
+    if not events:
+        lines.append(f"  {len(result.trace)} events, each printed above as it happened")
+    for ev in result.trace if events else ():
         lines.append(f"  {fmt_offset(ev.t_ms):>13}  {ev.kind:<20} {describe(ev)}")
     lines.extend(requests_lines(result.requests))
     lines.extend(judged_lines(result.expectations, result.invariants))

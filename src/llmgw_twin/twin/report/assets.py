@@ -41,7 +41,7 @@ LEGEND = (
 )
 
 PAGE_CSS = """
-:root { --label: 190px; --ok: #2e7d32; --bad: #c62828; --off: #757575; }
+:root { --label: 260px; --ok: #2e7d32; --bad: #c62828; --off: #757575; }
 * { box-sizing: border-box; }
 body { font: 13px/1.4 system-ui, sans-serif; margin: 0 16px 32px; color: #212121; }
 h1 { font-size: 20px; margin: 12px 0 4px; }
@@ -71,8 +71,8 @@ header dd { margin: 0; font-family: ui-monospace, monospace; }
 .label { flex: none; width: var(--label); padding: 2px 6px; position: sticky; left: 0; z-index: 3;
   background: #fafafa; border-right: 1px solid #e0e0e0; overflow: hidden; white-space: nowrap;
   text-overflow: ellipsis; }
-.label small { display: block; color: #757575; font-size: 11px; overflow: hidden;
-  text-overflow: ellipsis; }
+.label small { display: block; color: #757575; font-size: 11px; white-space: normal;
+  overflow-wrap: anywhere; line-height: 13px; }
 .track { position: relative; flex: 1; padding: 2px 0; }
 .row { position: relative; height: 16px; margin: 1px 0; }
 .group { padding: 2px 6px; background: #eceff1; font-weight: 600; position: sticky; left: 0;
@@ -125,10 +125,15 @@ header dd { margin: 0; font-family: ui-monospace, monospace; }
 .xshade.x-fail, .xwin.x-fail { background: #e57373; }
 .legend .xshade { opacity: .7; }
 .xlane { min-height: 16px; }
+.xlane .label { white-space: normal; font-size: 11px; line-height: 13px; }
 .xlane .label b { font-size: 10px; margin-right: 6px; }
 .xlane .label small { display: inline; }
 .xwin { position: absolute; top: 2px; bottom: 2px; min-width: 3px; opacity: .55; cursor: help; }
-.xwin.instant { margin-left: -3px; }
+.xwin.instant { width: 12px; margin-left: -6px; opacity: .8; }
+.xwin.instant.at-end { margin-left: -12px; }
+.xwin.instant.at-start { margin-left: 0; }
+.xwin.instant.x-fail { opacity: 1; background: repeating-linear-gradient(45deg, #c62828 0 3px,
+  #ef9a9a 3px 6px); outline: 1px solid #b71c1c; }
 .xhit { position: absolute; top: 3px; bottom: 3px; width: 2px; background: #1b5e20; cursor: help; }
 .xhit.out { background: #9e9e9e; }
 .xwin.x-fail ~ .xhit.in { background: #b71c1c; }

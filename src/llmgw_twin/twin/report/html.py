@@ -151,14 +151,21 @@ class _Page:
             start, end = window(exp, self.sc.duration_ms)
             result = _result(outcome.passed)
             kind = "instant" if isinstance(exp, StateExpectation) else "window"
+            style = self.box(start, end)
+            if start == end:  # an instant: a mark 12 px wide (assets.py), kept inside the track
+                kind = "instant" + (" at-end" if end >= self.dur else "")
+                kind += " at-start" if start <= 0 else ""
+                style = self.at(start)
             attrs = {"class": f"xwin x-{result} {kind}", "data-expectation": str(i)}
             attrs |= {"data-result": result, "data-start-ms": str(start), "data-end-ms": str(end)}
-            attrs |= {"style": self.box(start, end), "title": f"{exp.text}\n{outcome.message}"}
+            attrs |= {"style": style, "title": f"{exp.text}\n{outcome.message}"}
             parts = [tag("div", attrs)]
             if isinstance(exp, EventExpectation):
                 parts.extend(self.hit(ev, exp) for ev in self.result.trace if matches(ev, exp))
-            label = f'<b class="r-{result}">{result.upper()}</b><small>line {exp.line}</small>'
-            inner = tag("div", {"class": "label"}, label)
+            label = f'<b class="r-{result}">{result.upper()}</b>'
+            label += f"<small>line {exp.line}: {esc(shorten(exp.text))}</small>"
+            tip = f"line {exp.line}: {exp.text}"
+            inner = tag("div", {"class": "label", "title": tip}, label)
             inner += tag("div", {"class": "track"}, "".join(parts))
             attrs = {"class": "lane xlane", "data-lane": f"expectation:{i}"}
             lanes.append(
@@ -270,6 +277,22 @@ class _Page:
         summary = f"<summary>trace: {len(rows)} events</summary>"
         table = f"<details>{summary}<table>{''.join(rows)}</table></details>"
         return tag("section", {"id": "trace"}, table)
+
+
+LABEL_CHARS = 72
+"""The most characters of an expectation's text its lane's label shows (two lines of the label
+column); the whole text is its hover text and its row in the expectations table."""
+
+
+def shorten(text: str, most: int = LABEL_CHARS) -> str:
+    """`text` on one line, cut at a word with an ellipsis when longer than `most`."""
+    flat = " ".join(text.split())
+    if len(flat) <= most:
+        return flat
+    cut = flat[: most - 1]
+    if " " in cut[most // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "\u2026"
 
 
 def window(exp: Expectation, duration_ms: int) -> tuple[int, int]:
