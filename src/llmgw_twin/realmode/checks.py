@@ -71,13 +71,29 @@ class Reading:
         return self.problems is not None and not self.problems
 
 
-def read_state(exp: StateExpectation, t_ms: int, state: dict[str, Any] | None) -> Reading:
-    """What the controller's admin state (None: no answer) says of each of `exp`'s assertions."""
-    if state is None:
-        return Reading(t_ms, None)
-    replicas = state["replicas"]
+def read_state(
+    exp: StateExpectation,
+    t_ms: int,
+    state: dict[str, Any] | None,
+    leaders: Sequence[str] | None = None,
+) -> Reading:
+    """What the controller's admin state (None: no answer) says of each of `exp`'s assertions;
+    `leaders`: the controllers that lead now, as the run read them (None: one controller, c1)."""
     problems: list[str] = []
     seen: list[str] = []
+    leading = list(leaders) if leaders is not None else (["c1"] if state is not None else [])
+    if exp.leader is not None or exp.leaders is not None:
+        seen.append(f"leading {leading}")
+    if exp.leader is not None and exp.leader not in leading:
+        problems.append(f"{exp.leader} does not lead (leading: {leading or 'none'})")
+    if exp.leaders is not None and len(leading) != exp.leaders:
+        problems.append(f"{len(leading)} controller(s) lead, want {exp.leaders}")
+    about_state = (exp.ready_replicas, exp.idle_nodes, exp.node_state, exp.replicas_in)
+    if state is None:
+        if any(x is not None for x in about_state):
+            return Reading(t_ms, None)
+        return Reading(t_ms, tuple(problems), tuple(seen))
+    replicas = state["replicas"]
     for model, want in exp.ready_replicas or ():
         # as the twin counts them: ready and routable (not on a silent node)
         got = sum(

@@ -33,6 +33,7 @@ import httpx
 import yaml
 
 from llmgw_twin.control.model import NodeId, Timings
+from llmgw_twin.realmode.controllers import RealControllers, controller_names
 from llmgw_twin.realmode.fabric import RealFabrics
 from llmgw_twin.realmode.ports import lease_ports
 from llmgw_twin.realmode.proxy import CuttableProxy
@@ -76,6 +77,17 @@ class NodeProcs:
     frozen: set[int] = field(default_factory=set)
     """The groups of a powered-off node: stopped (SIGSTOP), sockets still open, until the node
     boots again or the run ends."""
+    to_others: list[CuttableProxy] = field(default_factory=list)
+    """Its links to the controllers after c1 (c2, c3, ...: `controllers.py`)."""
+
+    def cut(self) -> None:
+        """A partition: every link of the node with the controllers, both ways."""
+        for proxy in (self.to_controller, self.to_agent, *self.to_others):
+            proxy.cut()
+
+    def heal(self) -> None:
+        for proxy in (self.to_controller, self.to_agent, *self.to_others):
+            proxy.heal()
 
 
 class RealCluster:
@@ -91,7 +103,12 @@ class RealCluster:
         """What every process of the cluster starts with (the run's mark: `keeper.py`)."""
         self.workdir = workdir
         self.controller_port = controller_port
-        self.controller_url = f"http://127.0.0.1:{controller_port}"
+        self._c1_url = f"http://127.0.0.1:{controller_port}"
+        self.multi: RealControllers | None = None
+        """The controllers c1..cK of a scenario with several (`controllers.py`)."""
+        if scenario.controllers > 1:
+            ports = [controller_port] + [free_port() for _ in range(scenario.controllers - 1)]
+            self.multi = RealControllers(self, controller_names(scenario.controllers), ports)
         self.controller: subprocess.Popen[bytes] | None = None
         self.standbys: list[subprocess.Popen[bytes]] = []
         """The next controller processes, each started ahead of its `restart_controller` and
@@ -108,7 +125,7 @@ class RealCluster:
         """What the harness sends with every admin call to the controller."""
         self.client_headers: dict[str, str] = {}
         """What the run's clients send to the router (the cluster asks clients for no key)."""
-        self.router_url = self.controller_url
+        self.router_url = self._c1_url
         """Where clients send requests."""
         self._controller_tokens: dict[NodeId, str] = {}
         self.fabrics: RealFabrics | None = None
@@ -118,6 +135,15 @@ class RealCluster:
         self.ports = lease_ports(len(scenario.all_nodes))
         """The agents' port ranges (sidecars, engines), no other run's: `realmode/ports.py`."""
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    @property
+    def controller_url(self) -> str:
+        """Where the harness reaches the controller: the one that leads, of several."""
+        return self.multi.leading_url if self.multi is not None else self._c1_url
+
+    @controller_url.setter
+    def controller_url(self, url: str) -> None:
+        self._c1_url = url
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -152,6 +178,8 @@ class RealCluster:
         }
         path = self.workdir / "controller.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=True))
+        if self.multi is not None:
+            self.multi.write_configs(path)
         return path
 
     async def prepare_nodes(self, engine_binaries: dict[str, dict[str, str]]) -> None:
@@ -175,11 +203,15 @@ class RealCluster:
             to_agent = CuttableProxy("127.0.0.1", agent_port)
             await to_controller.start()
             await to_agent.start()
+            others = [CuttableProxy("127.0.0.1", int(u.rsplit(":", 1)[1])) for u in self._others()]
+            for proxy in others:
+                await proxy.start()
             engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
             first, last = self.ports.range_of(i)
             config = {
                 "node": info.node,
                 "controller": f"http://127.0.0.1:{to_controller.port}",
+                "controllers": [f"http://127.0.0.1:{p.port}" for p in others],
                 "listen": {"host": "127.0.0.1", "port": agent_port},
                 "advertise_url": f"http://127.0.0.1:{to_agent.port}",
                 "root": str(root),
@@ -193,6 +225,11 @@ class RealCluster:
                 "engine_host": addresses[info.node],
                 "peer_addresses": self.fabrics.peer_addresses(info.node),
                 "stop_grace": "2s",
+                # a stalled controller holds a report until this: half a heartbeat, as the
+                # default is, on the scaled clock
+                "report_timeout": _duration(
+                    max(500, self.scenario.timings.heartbeat_interval_ms // 2)
+                ),
                 "worker_settle": "200ms",
                 "log_dir": str(self.workdir / "logs" / info.node),
                 "policy": {"model_dirs": models},
@@ -201,8 +238,12 @@ class RealCluster:
             path = self.workdir / f"agent-{info.node}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=True))
             self.nodes[info.node] = NodeProcs(
-                info.node, i, path, agent_port, to_controller, to_agent
+                info.node, i, path, agent_port, to_controller, to_agent, to_others=others
             )
+
+    def _others(self) -> list[str]:
+        """The controllers after c1, by address."""
+        return self.multi.urls[1:] if self.multi is not None else []
 
     def _credential_path(self, node: NodeId) -> Path:
         return self.workdir / f"agent-{node}.cred"
@@ -274,7 +315,8 @@ class RealCluster:
         config = self.workdir / "router.yaml"
         router = {
             "listen": {"host": "127.0.0.1", "port": port},
-            "controller": self.controller_url,
+            "controller": self._c1_url,
+            "controllers": self._others(),
             "controller_token_file": str(token),
         }
         config.write_text(yaml.safe_dump(router, sort_keys=True))
@@ -403,7 +445,8 @@ class RealCluster:
             except subprocess.TimeoutExpired:
                 _killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=STOP_GRACE_S)
-        for service in (self.router, self.controller, *self.standbys):
+        several = self.multi.stop() if self.multi is not None else []
+        for service in (self.router, self.controller, *self.standbys, *several):
             if service is None:
                 continue
             _killpg(service.pid, signal.SIGTERM)
@@ -416,8 +459,8 @@ class RealCluster:
             if _ours(pgid):  # a group id long gone may belong to someone else by now
                 _killpg(pgid, signal.SIGKILL)
         for n in self.nodes.values():
-            await n.to_controller.close()
-            await n.to_agent.close()
+            for proxy in (n.to_controller, n.to_agent, *n.to_others):
+                await proxy.close()
         if self.fabrics is not None:
             await self.fabrics.close()
         for log in self._logs:

@@ -21,6 +21,7 @@ import httpx
 from llmgw_twin.control.model import FabricId, ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode import ports
 from llmgw_twin.realmode.cluster import RealCluster, children_groups
+from llmgw_twin.realmode.controllers import RealControllers
 from llmgw_twin.service.agent.node_watch import poll_interval_ms
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
@@ -75,6 +76,8 @@ SUPPORTED = (
     DeleteDeployment,
     RestartAgent,
     AddNode,
+    KillController,
+    StallController,
 )
 
 
@@ -124,6 +127,8 @@ class RealFaults:
                     start_at = t0 + (fault.at_ms - lead_ms) / 1000
                     self._booted.add(id(fault))
                     self._pending.append(loop.call_at(start_at, self._boot, node, serve_ns))
+                case RestartController() if self.scenario.controllers > 1:
+                    pass  # one of several: started again at its instant (`controllers.py`)
                 case RestartController(down_for_ms=down_for_ms):
                     # strictly after the restart before, so standbys start in restart order
                     lead_ms = max(0, min(lead_max, fault.at_ms - controller_since - 1))
@@ -162,6 +167,11 @@ class RealFaults:
                     pass  # nothing started ahead for these (a controller's own: refused)
                 case _:
                     assert_never(fault.action)
+
+    @property
+    def _several(self) -> RealControllers | None:
+        """The controllers of a scenario with several (`controllers.py`)."""
+        return self.cluster.multi if self.scenario.controllers > 1 else None
 
     def _add_node(self, fault: Fault, node: NodeId) -> None:
         """A node is added: its agent starts now, unless `boot_ahead` started it already (then
@@ -202,13 +212,11 @@ class RealFaults:
                     await asyncio.to_thread(cluster.kill_node, node)
                 cluster.start_agent(node)
             case Partition(nodes=nodes, for_ms=for_ms):
-                for node in nodes:
-                    self._cuts[node] = self._cuts.get(node, 0) + 1
-                    cluster.nodes[node].to_controller.cut()
-                    cluster.nodes[node].to_agent.cut()
-                asyncio.get_running_loop().call_later(for_ms / 1000, self._heal, nodes)
+                self._cut(nodes, for_ms)
             case KillEngine(node=node, replica_of=model):
                 await asyncio.to_thread(self._kill_engine, node, model)
+            case RestartController() | KillController() | StallController() if self._several:
+                await self._several.inject(fault.action)
             case RestartController(down_for_ms=down_for_ms):
                 await self._restart_controller(down_for_ms)
             case SetReplicas(model=model, replicas=replicas):
@@ -279,8 +287,9 @@ class RealFaults:
     ) -> None:
         """The operator's PUT of the deployment (`set_replicas`, `set_profile`); its client
         retries while the API is down, until the run ends."""
-        url = f"{self.cluster.controller_url}/v1/admin/deployments/{model}"
         while self.now_ms() < self.scenario.duration_ms:
+            # to whichever controller leads now (of several, `controllers.py`)
+            url = f"{self.cluster.controller_url}/v1/admin/deployments/{model}"
             with contextlib.suppress(httpx.HTTPError):
                 r = await client.put(url, json={"profile": profile, "replicas": replicas})
                 if r.status_code == 200:
@@ -289,7 +298,18 @@ class RealFaults:
         self.progress(f"{what} {model} ({profile} x {replicas}) never reached the controller")
 
     async def _operate(self, client: httpx.AsyncClient, action: Cordon | DeleteDeployment) -> None:
-        """An operator action through the admin API, retried while the API is down."""
+        """An operator action through the admin API, retried while the API is down (at
+        whichever controller leads at each try)."""
+        while self.now_ms() < self.scenario.duration_ms:
+            method, url = self._call_of(action)
+            with contextlib.suppress(httpx.HTTPError):
+                r = await client.request(method, url)
+                if r.status_code == 200:
+                    return
+            await asyncio.sleep(POLL_S)
+        self.progress(f"{method} {url} never reached the controller")
+
+    def _call_of(self, action: Cordon | DeleteDeployment) -> tuple[str, str]:
         base = self.cluster.controller_url
         match action:
             case Cordon(node=node, op="uncordon"):
@@ -300,13 +320,7 @@ class RealFaults:
                 method, url = "DELETE", f"{base}/v1/admin/deployments/{model}"
             case _:
                 assert_never(action)
-        while self.now_ms() < self.scenario.duration_ms:
-            with contextlib.suppress(httpx.HTTPError):
-                r = await client.request(method, url)
-                if r.status_code == 200:
-                    return
-            await asyncio.sleep(POLL_S)
-        self.progress(f"{method} {url} never reached the controller")
+        return method, url
 
     def _kill_agent(self, node: NodeId) -> None:
         """SIGKILL to the node's agent process alone: its shards run on, for the agent started
@@ -322,12 +336,17 @@ class RealFaults:
         n.proc.wait(timeout=10)
         n.proc = None
 
+    def _cut(self, nodes: tuple[NodeId, ...], for_ms: int) -> None:
+        for node in nodes:
+            self._cuts[node] = self._cuts.get(node, 0) + 1
+            self.cluster.nodes[node].cut()
+        asyncio.get_running_loop().call_later(for_ms / 1000, self._heal, nodes)
+
     def _heal(self, nodes: tuple[NodeId, ...]) -> None:
         for node in nodes:  # overlapping partitions: the link heals with the last
             self._cuts[node] -= 1
             if self._cuts[node] == 0:
-                self.cluster.nodes[node].to_controller.heal()
-                self.cluster.nodes[node].to_agent.heal()
+                self.cluster.nodes[node].heal()
 
     def _engines(self, node: NodeId, model: ModelName) -> list[tuple[str, int, int]]:
         """(replica, rank, engine pid) of the model's running engines on the node, in the
@@ -406,16 +425,19 @@ class RealFaults:
             fabrics.set_ports(fabric, up=True)
 
 
-_ONE_CONTROLLER = (
-    "a controller's own faults run only in the twin so far (real mode runs one controller on "
-    "SQLite; docs/high-availability.md)"
+_ONE_FILE = (
+    "real mode's controllers share one SQLite file on this machine, which no proxy stands in "
+    "front of, so the store cannot be taken away from one controller or from all (the twin "
+    "models it; a PostgreSQL server behind a proxy would make it real)"
 )
 REFUSED: dict[type, str] = {
-    KillController: _ONE_CONTROLLER,
-    StallController: _ONE_CONTROLLER,
-    PartitionController: _ONE_CONTROLLER,
-    StoreDown: _ONE_CONTROLLER,
-    ClockSkew: _ONE_CONTROLLER,
+    PartitionController: _ONE_FILE,
+    StoreDown: _ONE_FILE,
+    ClockSkew: (
+        "every process on one machine reads the same monotonic and wall clock, and the store's "
+        "time is that machine's, so one controller's clock cannot run fast or slow without a "
+        "per-process clock (faketime), which real mode does not use (the twin models it)"
+    ),
     CutFabricLink: (
         "real mode's fabric model cuts a whole fabric: its proxies stand in front of the ports "
         "a node listens on, and a connection the node dials out to a peer passes no proxy of "
@@ -431,6 +453,20 @@ REFUSED: dict[type, str] = {
     ),
 }
 """Why a fault the twin models is refused up front here."""
+PARTITION_REFUSED = {
+    "agents": (
+        "a node's address is one per node in the store, shared by every controller, so the "
+        "commands of one controller to the agents pass the same proxy as the others' and cannot "
+        "be cut for it alone (the twin models it)"
+    ),
+    "peers": (
+        "the controllers reach each other only through the store, one SQLite file here: "
+        + _ONE_FILE
+    ),
+    "store": _ONE_FILE,
+    "all": _ONE_FILE,
+}
+"""Why each side of a `partition_controller` is refused."""
 
 
 def check_real_supported(scenario: Scenario) -> None:
@@ -439,21 +475,29 @@ def check_real_supported(scenario: Scenario) -> None:
             f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
             f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.all_nodes)}"
         )
-    if scenario.controllers > 1:
-        raise ValueError(
-            f"{scenario.path}: real mode runs one controller so far (cluster.controllers: "
-            f"{scenario.controllers}); several controllers run in the twin"
-        )
+    names = {None, "leader", *(f"c{i + 1}" for i in range(scenario.controllers))}
     for fault in scenario.faults:
-        if isinstance(fault.action, RestartController) and fault.action.controller not in (
-            None,
-            "leader",
-            "c1",
+        if (
+            isinstance(fault.action, (RestartController, KillController, StallController))
+            and fault.action.controller not in names
         ):
-            raise ValueError(f"{scenario.path}:{fault.line}: real mode runs one controller (c1)")
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: no controller {fault.action.controller} "
+                f"(cluster.controllers: {scenario.controllers})"
+            )
+        if isinstance(fault.action, (KillController, StallController)) and (
+            scenario.controllers < 2
+        ):
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: a controller's own fault needs "
+                "cluster.controllers of 2 or more in real mode (one controller: "
+                "restart_controller)"
+            )
         if not isinstance(fault.action, SUPPORTED):
             action = fault_subjects(fault)["action"]
             why = REFUSED.get(type(fault.action))
+            if isinstance(fault.action, PartitionController):
+                why = PARTITION_REFUSED.get(fault.action.side, why)
             raise ValueError(
                 f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
                 f"mode yet" + (f": {why}" if why else "")

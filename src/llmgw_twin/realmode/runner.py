@@ -156,9 +156,15 @@ class RealRun:
             f"{fmt_ms(self.scenario.duration_ms)}"
         )
         self.t0 = time.monotonic()
-        cluster.start_controller(config)
-        assert cluster.controller is not None
-        await asyncio.to_thread(cluster.wait_healthy, cluster.controller_url, cluster.controller)
+        if cluster.multi is not None:  # c1 leads, the others stand by (`controllers.py`)
+            cluster.multi.now_ms, cluster.multi.progress = self.now_ms, self.progress
+            await asyncio.to_thread(cluster.multi.start_all, cluster.admin_headers)
+        else:
+            cluster.start_controller(config)
+            assert cluster.controller is not None
+            await asyncio.to_thread(
+                cluster.wait_healthy, cluster.controller_url, cluster.controller
+            )
         if self.scenario.traffic:  # clients go through a router process of its own
             cluster.start_router()
             assert cluster.router is not None
@@ -174,11 +180,13 @@ class RealRun:
             self.t0 = await self._on_the_reconcile_grid(client)
             await self._until(0)
             await self._deploy(client)
+            leaders = cluster.multi
             await asyncio.gather(
                 self._timeline(client),
                 self._follow(client),
                 self._judge_states(client),
                 self.traffic.run(),
+                *([leaders.track(client, self.scenario.duration_ms, POLL_S)] if leaders else []),
             )
             self.injector.cancel()
             await self._collect(client)
@@ -247,6 +255,7 @@ class RealRun:
     async def _follow(self, client: httpx.AsyncClient) -> None:
         while self.now_ms() < self.scenario.duration_ms:
             await self._collect(client)
+            self.checks.controller_url = self.cluster.controller_url  # the one leading now
             state = await self._state(client)
             if state is not None:
                 await self.checks.observe(self.now_ms(), state, client)
@@ -256,6 +265,8 @@ class RealRun:
             await asyncio.sleep(POLL_S)
 
     async def _collect(self, client: httpx.AsyncClient) -> None:
+        several = self.cluster.multi
+        reader = several.reading if several is not None else ""
         body = await self._events(client, self._after)
         if body is None:
             return  # the controller is down or starting: its log is read when it is back
@@ -267,8 +278,10 @@ class RealRun:
                 return
         origin = int(body["origin_monotonic_ns"])
         base_ms = (origin / 1e9 - self.t0) * 1000
-        for ev in body["events"]:
-            wire = TraceEventW.model_validate(ev).to_core()
+        page = [TraceEventW.model_validate(ev).to_core() for ev in body["events"]]
+        if several is not None:  # each event with the controller that recorded it
+            page = several.tag(page, reader)
+        for wire in page:
             t = round(base_ms + wire.t_ms)
             self.trace.append(TraceEvent(t, wire.kind, wire.subjects))
             self.progress(f"{fmt_offset(t)} {wire.kind} {describe(self.trace[-1])}")
@@ -309,14 +322,16 @@ class RealRun:
         readings: list[Reading] = []
         while True:
             state = await self._state(client)
-            readings.append(read_state(exp, self.now_ms(), state))
+            leaders = self.cluster.multi.leaders() if self.cluster.multi else None
+            readings.append(read_state(exp, self.now_ms(), state, leaders))
             if readings[-1].held or self.now_ms() + POLL_S * 1000 > end_ms:
                 break
             await asyncio.sleep(POLL_S)
         self.outcomes[i] = judge_state_readings(exp, readings, end_ms)
 
     def result(self, time_scale: float, tolerance_ms: int, left: list[int]) -> RealResult:
-        trace = sorted([*self.trace, *self.injector.injected], key=lambda e: e.t_ms)
+        led = self.cluster.multi.events if self.cluster.multi else []
+        trace = sorted([*self.trace, *self.injector.injected, *led], key=lambda e: e.t_ms)
         self.checks.judge_routes(trace)
         outcomes = dict(self.outcomes)
         for i, exp in enumerate(self.scenario.expectations):

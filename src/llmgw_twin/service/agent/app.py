@@ -80,8 +80,6 @@ from llmgw_twin.service.common.wire import (
 
 log = logging.getLogger("llmgw_twin.agent")
 
-REPORT_TIMEOUT_S = 5.0
-
 
 def read_node_info(settings: AgentSettings) -> NodeInfo:
     """The node as its inventory shows it under the configured root."""
@@ -190,7 +188,7 @@ class AgentRuntime:
             await asyncio.sleep(not_before_wait_s(self.serve_from_ns))
         self._client = httpx.AsyncClient(
             transport=self._controller_transport,
-            timeout=REPORT_TIMEOUT_S,
+            timeout=self.settings.report_timeout_ms / 1000,
             limits=httpx.Limits(keepalive_expiry=60.0),
             trust_env=False,
             verify=client_verify(self.settings.controller_tls),

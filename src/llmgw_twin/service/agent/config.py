@@ -83,6 +83,7 @@ class AgentFile(_Strict):
     peer_address_default: Host | None = "127.0.0.1"
     stop_grace: Duration = "5s"
     sidecar_timeout: Duration = "10s"
+    report_timeout: Duration = "5s"
     worker_settle: Duration = "1s"
     ready_timeout: Duration = "30m"
     probe_interval: Duration = "5s"
@@ -123,6 +124,8 @@ class AgentSettings:
     stop_grace_ms: int
     sidecar_timeout_ms: int
     worker_settle_ms: int
+    report_timeout_ms: int
+    """A report to a controller not answered by then is tried at the next controller."""
     ready_timeout_ms: int
     probe_interval_ms: int
     log_dir: Path | None
@@ -228,6 +231,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
             path, "sidecar_timeout", f.sidecar_timeout, positive=True
         ),
         worker_settle_ms=duration_setting(path, "worker_settle", f.worker_settle),
+        report_timeout_ms=duration_setting(path, "report_timeout", f.report_timeout, positive=True),
         ready_timeout_ms=duration_setting(path, "ready_timeout", f.ready_timeout, positive=True),
         probe_interval_ms=duration_setting(path, "probe_interval", f.probe_interval, positive=True),
         log_dir=relative(path, f.log_dir) if f.log_dir is not None else None,

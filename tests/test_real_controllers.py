@@ -1,0 +1,146 @@
+"""Several controllers in real mode (`realmode/controllers.py`): what is refused and why, the
+configs every process gets, and how the event log's events are credited to the controller that
+recorded them. Quick: nothing here starts a process (the runs are `test_real_suite.py`'s)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.realmode.cluster import RealCluster
+from llmgw_twin.realmode.faults import check_real_supported
+from llmgw_twin.service.agent.config import load_agent_config
+from llmgw_twin.service.controller.config import load_controller_config
+from llmgw_twin.twin.scenario.loader import load_scenario, load_scenario_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TEXT = """
+name: t
+duration: 4m
+cluster:
+  controllers: {k}
+  fabrics:
+    ib-a: [node01, node02]
+  nodes:
+    default: {{gpus: 8, engines: [sim]}}
+profiles:
+  p: {{engine: sim, nodes: 1, gpus_per_node: 4, load_time: 20s, model: /models/m}}
+deployments:
+  - {{model: m, profile: p, replicas: 1}}
+faults:
+{faults}
+"""
+
+
+def scenario(faults: str, k: int = 2):  # type: ignore[no-untyped-def]
+    return load_scenario_text(TEXT.format(k=k, faults=faults), "t.yaml")
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("controller-clock-skew", "without a per-process clock (faketime)"),
+        ("controller-cut-from-store", "share one SQLite file on this machine"),
+        ("controller-store-down", "share one SQLite file on this machine"),
+    ],
+)
+def test_a_controller_fault_real_mode_has_no_means_for_is_refused_with_its_reason(
+    name: str, why: str
+) -> None:
+    with pytest.raises(ValueError, match="not supported in real mode yet: ") as got:
+        check_real_supported(load_scenario(ROOT / "scenarios" / f"{name}.yaml"))
+    assert f"{name}.yaml:" in str(got.value)
+    assert why in str(got.value)
+
+
+def test_a_controller_cut_from_its_agents_is_refused_it_cannot_be_cut_alone() -> None:
+    s = scenario("  - {at: 1m, partition_controller: {controller: c1, from: agents, for: 30s}}")
+    with pytest.raises(ValueError, match="shared by every controller"):
+        check_real_supported(s)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["controller-kill-leader", "controller-stall-failover"],
+)
+def test_the_controllers_killed_stalled_and_restarted_run_for_real(name: str) -> None:
+    check_real_supported(load_scenario(ROOT / "scenarios" / f"{name}.yaml"))
+
+
+def test_every_controller_fault_that_runs_for_real_is_taken() -> None:
+    check_real_supported(
+        scenario(
+            "  - {at: 10s, kill_controller: c2}\n"
+            "  - {at: 1m, stall_controller: {controller: leader, for: 20s}}\n"
+            "  - {at: 2m, restart_controller: {controller: c2, down_for: 0s}}\n",
+            k=3,
+        )
+    )
+
+
+def test_a_controller_of_its_own_needs_a_second_for_its_faults_in_real_mode() -> None:
+    with pytest.raises(ValueError, match=r"needs cluster\.controllers of 2 or more"):
+        check_real_supported(scenario("  - {at: 10s, kill_controller: leader}", k=1))
+
+
+def test_each_controller_agent_and_router_is_given_every_controller(tmp_path: Path) -> None:
+    s = scenario("  - {at: 10s, kill_controller: c1}", k=3)
+
+    async def prepare() -> RealCluster:
+        cluster = RealCluster(s, tmp_path, 1)
+        await cluster.prepare_nodes({})
+        return cluster
+
+    async def close(cluster: RealCluster) -> None:
+        for n in cluster.nodes.values():
+            for proxy in (n.to_controller, n.to_agent, *n.to_others):
+                await proxy.close()
+        if cluster.fabrics is not None:
+            await cluster.fabrics.close()
+        cluster.ports.close()
+
+    cluster = asyncio.run(prepare())
+    try:
+        assert cluster.multi is not None
+        cluster.write_controller_config()
+        configs = [load_controller_config(c.config) for c in cluster.multi.procs.values()]
+        assert [c.name for c in configs] == ["c1", "c2", "c3"]
+        assert len({c.port for c in configs}) == 3
+        assert {str(c.store) for c in configs} == {str(tmp_path / "controller.db")}
+        for node, n in cluster.nodes.items():
+            agent = load_agent_config(n.config)
+            # each controller through a proxy of the node's own: a partition cuts them all
+            targets = [n.to_controller.target[1], *(p.target[1] for p in n.to_others)]
+            assert targets == [c.port for c in configs], node
+            assert len(agent.controller_urls) == 3
+        router = cluster.workdir / "router.yaml"
+        cluster._spawn = lambda *_a, **_k: None  # type: ignore[method-assign,assignment]
+        cluster.start_router()
+        listed = yaml.safe_load(router.read_text())
+        assert [listed["controller"], *listed["controllers"]] == cluster.multi.urls
+    finally:
+        asyncio.run(close(cluster))
+
+
+def test_the_log_is_credited_to_the_controller_that_recorded_it(tmp_path: Path) -> None:
+    """Read from c2 after a takeover: c1's last events, then c2's start step (its judgements
+    at its start come before its `controller.started`, at the same instant), then c2's own."""
+    s = scenario("  - {at: 10s, kill_controller: c1}")
+    cluster = RealCluster(s, tmp_path, 1)
+    assert cluster.multi is not None
+    page = [
+        TraceEvent.of(100, "replica.ready", replica="m-r1"),
+        TraceEvent.of(900, "node.lost", node="node01"),
+        TraceEvent.of(900, "controller.started", adopted=0, restored=1),
+        TraceEvent.of(950, "replica.placed", replica="m-r2"),
+    ]
+    tagged = cluster.multi.tag(page, "c2")
+    assert [ev.get("controller") for ev in tagged] == ["c1", "c2", "c2", "c2"]
+    later = cluster.multi.tag([TraceEvent.of(990, "replica.ready", replica="m-r2")], "c2")
+    assert later[0].get("controller") == "c2"
+    cluster.ports.close()
