@@ -189,7 +189,8 @@ def explain_one(runtime: ControllerRuntime, replica: str) -> dict[str, Any] | No
     if why is not None:
         answer["cause"] = why
         where = f" on {why['node']}" if why.get("node") else ""
-        answer["why"] = f"{answer['state']}{where}: {why.get('reason') or 'no reason logged'}"
+        verb = "failed" if why["event"] == "replica.failed" else "reaped"
+        answer["why"] = f"{verb}{where}: {why.get('reason') or 'no reason logged'}"
     return answer
 
 
