@@ -26,7 +26,7 @@ from llmgw_twin.control.model import (
     ShardState,
 )
 from llmgw_twin.control.protocol import FabricLink, Heartbeat, NodeRegistered
-from llmgw_twin.realmode.faults import check_real_supported
+from llmgw_twin.realmode.refusals import check_real_supported
 from llmgw_twin.service.common.wire import HeartbeatW, NodeRegisteredW
 from llmgw_twin.twin.fuzz import gen, shapes
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text

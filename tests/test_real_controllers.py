@@ -12,7 +12,7 @@ import yaml
 
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.cluster import RealCluster
-from llmgw_twin.realmode.faults import check_real_supported
+from llmgw_twin.realmode.refusals import check_real_supported
 from llmgw_twin.service.agent.config import load_agent_config
 from llmgw_twin.service.controller.config import load_controller_config
 from llmgw_twin.twin.scenario.loader import load_scenario, load_scenario_text

@@ -37,7 +37,7 @@ REFUSED = {
     "controller-store-down": "share one SQLite file on this machine",
 }
 """Files whose faults real mode has no means for yet: refused up front, exit 2, with the reason
-(`realmode/faults.py`, `REFUSED`)."""
+(`realmode/refusals.py`, `REFUSED`)."""
 FILES = [f for f in sorted((ROOT / "scenarios").glob("*.yaml")) if f.stem not in REFUSED]
 TIME_SCALE = "0.1"
 MAX_S = 420.0

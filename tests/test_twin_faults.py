@@ -15,7 +15,7 @@ import simpy
 
 from llmgw_twin.control.model import NodeId, NodeInfo, ShardReport, ShardState, Timings
 from llmgw_twin.control.protocol import ControllerEvent, Heartbeat, NodeRegistered
-from llmgw_twin.realmode.faults import check_real_supported
+from llmgw_twin.realmode.refusals import check_real_supported
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario_text
 from llmgw_twin.twin.scenario.model import CrashNode, HangEngine
 from llmgw_twin.twin.world import runner

@@ -102,8 +102,8 @@ def cmd_run_real(args: argparse.Namespace) -> int:
 
 
 def _run_real_files(args: argparse.Namespace) -> int:
-    from llmgw_twin.realmode.faults import check_real_supported
     from llmgw_twin.realmode.ports import PortLeaseError
+    from llmgw_twin.realmode.refusals import check_real_supported
     from llmgw_twin.realmode.report import fidelity, fidelity_table, timeline, to_json, verdict
     from llmgw_twin.realmode.runner import run_real
     from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario

@@ -19,7 +19,6 @@ from typing import assert_never
 import httpx
 
 from llmgw_twin.control.model import FabricId, ModelName, NodeId, TraceEvent
-from llmgw_twin.realmode import ports
 from llmgw_twin.realmode.cluster import RealCluster, children_groups
 from llmgw_twin.realmode.controllers import RealControllers
 from llmgw_twin.service.agent.node_watch import poll_interval_ms
@@ -60,25 +59,6 @@ BOOT_LEAD_S = 3.0
 """How long before a `restart_node` its agent process is started (`boot_ahead`)."""
 LINK_POLL_S = 0.05
 """How often a fabric outage asks the controller whether the links-down reports arrived."""
-SUPPORTED = (
-    KillNode,
-    CrashNode,
-    RestartNode,
-    Partition,
-    KillEngine,
-    HangEngine,
-    RestartController,
-    FailGpu,
-    FabricDown,
-    SetReplicas,
-    SetProfile,
-    Cordon,
-    DeleteDeployment,
-    RestartAgent,
-    AddNode,
-    KillController,
-    StallController,
-)
 
 
 class RealFaults:
@@ -423,82 +403,3 @@ class RealFaults:
         if fabrics.up(fabric):  # overlapping outages: the links come back with the last
             fabrics.heal(fabric)
             fabrics.set_ports(fabric, up=True)
-
-
-_ONE_FILE = (
-    "real mode's controllers share one SQLite file on this machine, which no proxy stands in "
-    "front of, so the store cannot be taken away from one controller or from all (the twin "
-    "models it; a PostgreSQL server behind a proxy would make it real)"
-)
-REFUSED: dict[type, str] = {
-    PartitionController: _ONE_FILE,
-    StoreDown: _ONE_FILE,
-    ClockSkew: (
-        "every process on one machine reads the same monotonic and wall clock, and the store's "
-        "time is that machine's, so one controller's clock cannot run fast or slow without a "
-        "per-process clock (faketime), which real mode does not use (the twin models it)"
-    ),
-    CutFabricLink: (
-        "real mode's fabric model cuts a whole fabric: its proxies stand in front of the ports "
-        "a node listens on, and a connection the node dials out to a peer passes no proxy of "
-        "its own, so one node's link cannot be cut alone yet (the twin models it)"
-    ),
-    SlowNode: (
-        "the sim engine takes its load time as a flag at start and has no pace to change while "
-        "it runs, so a straggler runs in the twin only"
-    ),
-    DelayHeartbeats: (
-        "the proxy between an agent and the controller cuts (a partition) but does not hold "
-        "messages back, so late heartbeats run in the twin only"
-    ),
-}
-"""Why a fault the twin models is refused up front here."""
-PARTITION_REFUSED = {
-    "agents": (
-        "a node's address is one per node in the store, shared by every controller, so the "
-        "commands of one controller to the agents pass the same proxy as the others' and cannot "
-        "be cut for it alone (the twin models it)"
-    ),
-    "peers": (
-        "the controllers reach each other only through the store, one SQLite file here: "
-        + _ONE_FILE
-    ),
-    "store": _ONE_FILE,
-    "all": _ONE_FILE,
-}
-"""Why each side of a `partition_controller` is refused."""
-
-
-def check_real_supported(scenario: Scenario) -> None:
-    if len(scenario.all_nodes) > ports.UNITS:
-        raise ValueError(
-            f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
-            f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.all_nodes)}"
-        )
-    names = {None, "leader", *(f"c{i + 1}" for i in range(scenario.controllers))}
-    for fault in scenario.faults:
-        if (
-            isinstance(fault.action, (RestartController, KillController, StallController))
-            and fault.action.controller not in names
-        ):
-            raise ValueError(
-                f"{scenario.path}:{fault.line}: no controller {fault.action.controller} "
-                f"(cluster.controllers: {scenario.controllers})"
-            )
-        if isinstance(fault.action, (KillController, StallController)) and (
-            scenario.controllers < 2
-        ):
-            raise ValueError(
-                f"{scenario.path}:{fault.line}: a controller's own fault needs "
-                "cluster.controllers of 2 or more in real mode (one controller: "
-                "restart_controller)"
-            )
-        if not isinstance(fault.action, SUPPORTED):
-            action = fault_subjects(fault)["action"]
-            why = REFUSED.get(type(fault.action))
-            if isinstance(fault.action, PartitionController):
-                why = PARTITION_REFUSED.get(fault.action.side, why)
-            raise ValueError(
-                f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
-                f"mode yet" + (f": {why}" if why else "")
-            )

@@ -41,8 +41,9 @@ from llmgw_twin.realmode.checks import (
     state_span,
 )
 from llmgw_twin.realmode.cluster import RealCluster, free_port
-from llmgw_twin.realmode.faults import RealFaults, check_real_supported
+from llmgw_twin.realmode.faults import RealFaults
 from llmgw_twin.realmode.keeper import Keeper
+from llmgw_twin.realmode.refusals import check_real_supported
 from llmgw_twin.realmode.stop import Interrupted, Stopper, signals_to
 from llmgw_twin.realmode.traffic import RealTraffic
 from llmgw_twin.service.common.wire import TraceEventW

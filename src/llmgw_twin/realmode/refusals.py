@@ -1,0 +1,134 @@
+"""What real mode refuses up front, and why (`check_real_supported`): a fault the twin models
+that these processes on one machine have no means for, a cluster too large for one machine.
+Checked before anything starts (`llmgw-twin run --real` exits 2 with the file, the line and
+the reason); docs/real-mode.md lists each."""
+
+from __future__ import annotations
+
+from llmgw_twin.realmode import ports
+from llmgw_twin.twin.scenario.model import (
+    AddNode,
+    ClockSkew,
+    Cordon,
+    CrashNode,
+    CutFabricLink,
+    DelayHeartbeats,
+    DeleteDeployment,
+    FabricDown,
+    FailGpu,
+    HangEngine,
+    KillController,
+    KillEngine,
+    KillNode,
+    Partition,
+    PartitionController,
+    RestartAgent,
+    RestartController,
+    RestartNode,
+    Scenario,
+    SetProfile,
+    SetReplicas,
+    SlowNode,
+    StallController,
+    StoreDown,
+)
+from llmgw_twin.twin.world.faults import fault_subjects
+
+SUPPORTED = (
+    KillNode,
+    CrashNode,
+    RestartNode,
+    Partition,
+    KillEngine,
+    HangEngine,
+    RestartController,
+    FailGpu,
+    FabricDown,
+    SetReplicas,
+    SetProfile,
+    Cordon,
+    DeleteDeployment,
+    RestartAgent,
+    AddNode,
+    KillController,
+    StallController,
+)
+
+
+_ONE_FILE = (
+    "real mode's controllers share one SQLite file on this machine, which no proxy stands in "
+    "front of, so the store cannot be taken away from one controller or from all (the twin "
+    "models it; a PostgreSQL server behind a proxy would make it real)"
+)
+REFUSED: dict[type, str] = {
+    PartitionController: _ONE_FILE,
+    StoreDown: _ONE_FILE,
+    ClockSkew: (
+        "every process on one machine reads the same monotonic and wall clock, and the store's "
+        "time is that machine's, so one controller's clock cannot run fast or slow without a "
+        "per-process clock (faketime), which real mode does not use (the twin models it)"
+    ),
+    CutFabricLink: (
+        "real mode's fabric model cuts a whole fabric: its proxies stand in front of the ports "
+        "a node listens on, and a connection the node dials out to a peer passes no proxy of "
+        "its own, so one node's link cannot be cut alone yet (the twin models it)"
+    ),
+    SlowNode: (
+        "the sim engine takes its load time as a flag at start and has no pace to change while "
+        "it runs, so a straggler runs in the twin only"
+    ),
+    DelayHeartbeats: (
+        "the proxy between an agent and the controller cuts (a partition) but does not hold "
+        "messages back, so late heartbeats run in the twin only"
+    ),
+}
+"""Why a fault the twin models is refused up front here."""
+PARTITION_REFUSED = {
+    "agents": (
+        "a node's address is one per node in the store, shared by every controller, so the "
+        "commands of one controller to the agents pass the same proxy as the others' and cannot "
+        "be cut for it alone (the twin models it)"
+    ),
+    "peers": (
+        "the controllers reach each other only through the store, one SQLite file here: "
+        + _ONE_FILE
+    ),
+    "store": _ONE_FILE,
+    "all": _ONE_FILE,
+}
+"""Why each side of a `partition_controller` is refused."""
+
+
+def check_real_supported(scenario: Scenario) -> None:
+    if len(scenario.all_nodes) > ports.UNITS:
+        raise ValueError(
+            f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
+            f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.all_nodes)}"
+        )
+    names = {None, "leader", *(f"c{i + 1}" for i in range(scenario.controllers))}
+    for fault in scenario.faults:
+        if (
+            isinstance(fault.action, (RestartController, KillController, StallController))
+            and fault.action.controller not in names
+        ):
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: no controller {fault.action.controller} "
+                f"(cluster.controllers: {scenario.controllers})"
+            )
+        if isinstance(fault.action, (KillController, StallController)) and (
+            scenario.controllers < 2
+        ):
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: a controller's own fault needs "
+                "cluster.controllers of 2 or more in real mode (one controller: "
+                "restart_controller)"
+            )
+        if not isinstance(fault.action, SUPPORTED):
+            action = fault_subjects(fault)["action"]
+            why = REFUSED.get(type(fault.action))
+            if isinstance(fault.action, PartitionController):
+                why = PARTITION_REFUSED.get(fault.action.side, why)
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
+                f"mode yet" + (f": {why}" if why else "")
+            )
