@@ -2,18 +2,33 @@
 the later ones, one later than a whole interval skips what it missed, and the first comes a
 whole interval after the controller's start (agents have that long to answer). In the twin
 every reconcile runs on time, so its traces are what they were; real mode starts its clock on
-this grid (`docs/real-mode.md`)."""
+this grid (`docs/real-mode.md`). Each core here has a replica it cannot place (no node), so
+every reconcile of the grid is needed; an idle core skips to a later one of the same grid
+(`tests/test_idle_reconciles.py`)."""
 
 from __future__ import annotations
 
 from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import Timings
+from llmgw_twin.control.model import (
+    Deployment,
+    EngineName,
+    ModelName,
+    Profile,
+    ProfileName,
+    Timings,
+)
+from llmgw_twin.control.protocol import ApplyDeployment, ApplyProfile
 
 INTERVAL = 1_000
 
 
 def core() -> Controller:
-    return Controller(Timings(reconcile_interval_ms=INTERVAL))
+    """A core with one replica pending for good: busy at every reconcile."""
+    c = Controller(Timings(reconcile_interval_ms=INTERVAL))
+    profile = Profile(ProfileName("p"), EngineName("sim"), 1, 1, "m")
+    c.handle(ApplyProfile(profile), 0)
+    c.handle(ApplyDeployment(Deployment(ModelName("m"), profile.name, 1)), 0)
+    return c
 
 
 def test_late_reconciles_do_not_move_the_grid() -> None:

@@ -25,6 +25,7 @@ shards dropped from every node's assignment.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import assert_never
 
 from llmgw_twin.control.answers import FirstJudgement
@@ -75,6 +76,7 @@ from llmgw_twin.control.protocol import (
 from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.reports import ShardReports
 from llmgw_twin.control.rollout import Rollout
+from llmgw_twin.control.wake import on_grid_at_or_after, quiet_until, underway
 
 QUIET_STEP = Step()
 """What a heartbeat that changes nothing but its node's last-seen time returns: the same empty
@@ -109,6 +111,7 @@ class Controller:
             self._life, self._moves, self._live.node_ok, lambda: not self._live.guard.held
         )
         self._drain = Drainer(self._life, self._moves, draining)
+        self._draining = draining
         self._rollout = Rollout(self._life, self._moves, lambda: not self._live.guard.held)
         self._reports = ShardReports(self._replicas, self._assignments, self._life, self._out)
         self._operator = Operator(
@@ -120,6 +123,8 @@ class Controller:
             self._rollout,
         )
         self._clock_written_ms: int | None = None
+        self._quiet_until_ms: int | None = None
+        """After a reconcile with nothing under way: the earliest deadline (`control/wake.py`)."""
         self._due_ms: int | None = None
         """When the next reconcile is due: the reconciles keep the phase `start` gave them."""
         self._started_reported = True  # start() arms the controller.started report
@@ -275,6 +280,28 @@ class Controller:
     # --- inputs ------------------------------------------------------------------------------
 
     def handle(self, event: ControllerEvent, now_ms: int) -> Step:
+        """Take one input. A step that may have changed anything asks for the next reconcile
+        of the grid (`wake_at_ms`): the reconciles between two inputs are skipped while
+        nothing is under way (`control/wake.py`)."""
+        step = self._handle(event, now_ms)
+        if step is QUIET_STEP or self._due_ms is None:
+            return step
+        return replace(step, wake_at_ms=self.reconcile_at_or_after(now_ms))
+
+    def reconcile_would_act(self, now_ms: int) -> bool:
+        """Whether a reconcile at `now_ms` could change anything, no input having come since
+        the last one: False before the earliest deadline when nothing is under way."""
+        quiet = self._quiet_until_ms
+        return quiet is None or quiet <= now_ms
+
+    def reconcile_at_or_after(self, now_ms: int) -> int | None:
+        """The first reconcile of the grid at or after `now_ms` (None before `start`): when a
+        shell that told the core something outside `handle` (`land`) wakes it."""
+        if self._due_ms is None:
+            return None
+        return on_grid_at_or_after(self._due_ms, self.timings.reconcile_interval_ms, now_ms)
+
+    def _handle(self, event: ControllerEvent, now_ms: int) -> Step:
         self._out.now_ms = now_ms
         match event:
             case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
@@ -413,6 +440,7 @@ class Controller:
     def tick(self, now_ms: int) -> Step:
         """One reconcile pass over what changed since the last one."""
         self._out.now_ms = now_ms
+        self._quiet_until_ms = None
         wait = self._first.wait_until(now_ms, self._fleet.heard_nodes)
         if wait is not None:  # the agents asked at the start may still answer: judge nothing
             return self._out.flush((), wake_at_ms=min(wait, self._next_due(now_ms)))
@@ -465,7 +493,38 @@ class Controller:
         if written is None or now_ms - written >= self.timings.heartbeat_interval_ms:
             self._clock_written_ms = now_ms
             self._out.write(PutClock(now_ms))
-        return self._out.flush(tuple(commands), wake_at_ms=self._next_due(now_ms))
+        return self._out.flush(tuple(commands), wake_at_ms=self._wake_after(now_ms))
+
+    def _wake_after(self, now_ms: int) -> int:
+        """The next reconcile needed after the one at `now_ms`: the next of the grid while
+        anything is under way, else the first of the grid at or after the earliest deadline
+        (`control/wake.py`). Each deadline is one a reconcile before it would not act on."""
+        due = self._next_due(now_ms)
+        fleet, written = self._fleet, self._clock_written_ms
+        busy = underway(
+            self._replicas,
+            self._assignments.dirty,
+            self._live,
+            fleet.paced,
+            self._moves,
+            self._draining,
+            bool(self._rollout.rolling()),
+        )
+        lost = fleet.health.first_lost_seen_ms()
+        quiet = quiet_until(
+            busy,
+            (
+                fleet.health.next_deadline_ms(),
+                self._life.timers.next_due_ms(),
+                min((q.until_ms for q in self._failures.quarantines.values()), default=None),
+                None if lost is None else lost + self.timings.forget_lost_after_ms,
+                None if written is None else written + self.timings.heartbeat_interval_ms,
+            ),
+        )
+        self._quiet_until_ms = quiet
+        if quiet is None:
+            return due
+        return on_grid_at_or_after(due, self.timings.reconcile_interval_ms, quiet)
 
     def _next_due(self, now_ms: int) -> int:
         """The reconcile after the one at `now_ms`, on the grid `start` set: a late reconcile

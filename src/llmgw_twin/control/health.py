@@ -216,6 +216,10 @@ class HealthTracker:
             deadlines.append(next(iter(self._suspect.values())) + self._lost_after)
         return min(deadlines) if deadlines else None
 
+    def first_lost_seen_ms(self) -> int | None:
+        """The earliest last heartbeat of a lost node (when the first may be forgotten)."""
+        return min(self._lost.values(), default=None)
+
     def lost_since(self, now_ms: int, silent_for_ms: int) -> list[NodeId]:
         """Lost nodes last heard `silent_for_ms` or more ago, oldest first (from the front of
         the lost book only, which is in the order nodes were lost)."""

@@ -42,6 +42,7 @@ from llmgw_twin.store.sqlite import Fenced, Store
 from llmgw_twin.twin.scenario.model import Scenario
 from llmgw_twin.twin.world.checks import Invariants
 from llmgw_twin.twin.world.leader import ControllerProcess, StoreUnreachable
+from llmgw_twin.twin.world.reconciles import Reconciles
 from llmgw_twin.twin.world.sim import World
 from llmgw_twin.twin.world.traffic import TrafficRouter
 
@@ -74,6 +75,8 @@ class ControllerShell:
         self.procs = [ControllerProcess(f"c{i + 1}", self) for i in range(scenario.controllers)]
         self._initialized = False
         """A leader has set the scenario's desired state up (the store holds it since)."""
+        self.reconciles = Reconciles(self._tick)
+        """Each core reconciled on its grid when it needs it (`reconciles.py`)."""
         self._last: ControllerProcess = self.procs[0]
         """The controller that led last (the routers follow it)."""
         self._last_core = Controller(self.timings)
@@ -245,6 +248,7 @@ class ControllerShell:
         if got is not None:  # told to the core that set it aside, whether it still leads,
             proc, core = got  # in its own clock's time
             core.land(node, proc.local_at(last_seen_ms))
+            self.reconciles.changed(proc, core)  # its silence counts again: judged on time
 
     def operator(self, msg: ControllerEvent) -> None:
         """An admin API call (a deployment change); while no controller leads the operator's
@@ -312,8 +316,7 @@ class ControllerShell:
             # a node whose assignment changed will not stay quiet: its heartbeats become events
             for node in sorted(n for n in core.dirty_nodes() if n in coasting):
                 self.world.heartbeats.land(node)
-        if step.wake_at_ms is not None:
-            proc.later(step.wake_at_ms - proc.local(), lambda: self._tick(proc))
+        self.reconciles.stepped(proc, step)
         return True
 
     def _commit(self, proc: ControllerProcess, step: Step, writes: tuple[Write, ...]) -> None:
