@@ -54,6 +54,8 @@ class ControllerProcess:
         self.cut_store = 0
         self.cut_agents = 0
         self._rate = Fraction(1)
+        self._unskewed = True
+        """Its clock runs at the world's rate: no fraction arithmetic for it (the same sums)."""
         self._base_world = 0
         self._base_local = 0
         self._renewed_local = 0
@@ -67,12 +69,15 @@ class ControllerProcess:
 
     def local_at(self, world_ms: int) -> int:
         """This process's clock at the world's `world_ms` (at or after its last skew)."""
+        if self._unskewed:
+            return self._base_local + world_ms - self._base_world
         return self._base_local + floor((world_ms - self._base_world) * self._rate)
 
     def skew(self, rate: Fraction) -> None:
         self.group.world.heartbeats.land_all()  # what it heard so far, on its clock so far
         self._base_local, self._base_world = self.local(), self.group.world.now
         self._rate = rate
+        self._unskewed = rate == 1
 
     def later(self, local_delay_ms: int, fn: Callable[[], None]) -> None:
         """Run `fn` after `local_delay_ms` of this process's time, if it is still the same
@@ -87,7 +92,7 @@ class ControllerProcess:
                 return
             fn()
 
-        delay = max(0, ceil(local_delay_ms / self._rate))
+        delay = max(0, local_delay_ms if self._unskewed else ceil(local_delay_ms / self._rate))
         self.group.world.later(delay, fire)
 
     # --- life --------------------------------------------------------------------------------
