@@ -53,7 +53,17 @@ BENCHES: tuple[Bench, ...] = (
     Bench("startup", ("benchmarks/startup.py", "--runs", "5"), 120, json=True),
     Bench(
         "twin",
-        ("benchmarks/twin.py", "--nodes", "1000", "--virtual", "1h,24h", "--repeats", "1"),
+        (
+            "benchmarks/twin.py",
+            "--nodes",
+            "1000",
+            "--virtual",
+            "1h,24h",
+            "--repeats",
+            "1",
+            "--budget",
+            "60",
+        ),
         600,
         json=True,
     ),
