@@ -33,8 +33,6 @@ REFUSED = {
     "slow-node": "a straggler runs in the twin only",
     "delay-heartbeats": "late heartbeats run in the twin only",
     "controller-clock-skew": "without a per-process clock (faketime)",
-    "controller-cut-from-store": "share one SQLite file on this machine",
-    "controller-store-down": "share one SQLite file on this machine",
 }
 """Files whose faults real mode has no means for yet: refused up front, exit 2, with the reason
 (`realmode/refusals.py`, `REFUSED`)."""

@@ -33,8 +33,9 @@ import httpx
 import yaml
 
 from llmgw_twin.control.model import NodeId, Timings
-from llmgw_twin.realmode.controllers import RealControllers, controller_names
+from llmgw_twin.realmode.controllers import RealControllers, controller_names, store_faults
 from llmgw_twin.realmode.fabric import RealFabrics
+from llmgw_twin.realmode.pgstore import RealPostgres
 from llmgw_twin.realmode.ports import lease_ports
 from llmgw_twin.realmode.proxy import CuttableProxy
 from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, fail_gpu, write_sysfs_root
@@ -109,6 +110,8 @@ class RealCluster:
         if scenario.controllers > 1:
             ports = [controller_port] + [free_port() for _ in range(scenario.controllers - 1)]
             self.multi = RealControllers(self, controller_names(scenario.controllers), ports)
+        self.pg = RealPostgres(self.multi.names) if self.multi and store_faults(scenario) else None
+        """The store as a PostgreSQL server behind proxies, for a scenario that takes it away."""
         self.controller: subprocess.Popen[bytes] | None = None
         self.standbys: list[subprocess.Popen[bytes]] = []
         """The next controller processes, each started ahead of its `restart_controller` and
@@ -179,12 +182,14 @@ class RealCluster:
         path = self.workdir / "controller.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=True))
         if self.multi is not None:
-            self.multi.write_configs(path)
+            self.multi.write_configs(path, self.pg)
         return path
 
     async def prepare_nodes(self, engine_binaries: dict[str, dict[str, str]]) -> None:
         """Roots, proxies and agent configs for every node of the scenario (one `add_node`
         brings too: its agent starts at the fault's instant)."""
+        if self.pg is not None:
+            await self.pg.start()
         slot = os.getpid() % 50_000
         every = self.scenario.all_nodes
         addresses = {n.node: node_address(slot, i) for i, n in enumerate(every)}
@@ -463,6 +468,8 @@ class RealCluster:
                 await proxy.close()
         if self.fabrics is not None:
             await self.fabrics.close()
+        if self.pg is not None:
+            await self.pg.close()
         for log in self._logs:
             log.close()
         left = _alive_after(sorted(self.started_groups))

@@ -41,22 +41,43 @@ import yaml
 
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.twin.report.text import describe
-from llmgw_twin.twin.scenario.model import KillController, RestartController, StallController
+from llmgw_twin.twin.scenario.model import (
+    KillController,
+    PartitionController,
+    RestartController,
+    Scenario,
+    StallController,
+    StoreDown,
+)
 from llmgw_twin.units import fmt_offset
 
 if TYPE_CHECKING:
     from llmgw_twin.realmode.cluster import RealCluster
+    from llmgw_twin.realmode.pgstore import RealPostgres
+
+ControllerFault = (
+    RestartController | KillController | StallController | PartitionController | StoreDown
+)
 
 PROBE_TIMEOUT_S = 0.5
 """How long one poll waits for a controller's answer (a stalled one gives none)."""
 STARTUP_DEADLINE_S = 30.0
-RESTARTS_MAX = 5
+RESTARTS_MAX = 50
 """How often the run starts again a controller that ended on its own: bounded, as a
 supervisor's restart limit is."""
 
 
 def controller_names(k: int) -> list[str]:
     return [f"c{i + 1}" for i in range(k)]
+
+
+def store_faults(scenario: Scenario) -> bool:
+    """The scenario takes the store away (from one controller or from all)."""
+    return any(
+        isinstance(f.action, StoreDown)
+        or (isinstance(f.action, PartitionController) and f.action.side == "store")
+        for f in scenario.faults
+    )
 
 
 @dataclass
@@ -128,11 +149,18 @@ class RealControllers:
     def leaders(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.procs.values() if c.leading)
 
-    def write_configs(self, base: Path) -> None:
-        """One config per controller: the run's, with its name and its own port."""
+    @property
+    def names(self) -> list[str]:
+        return list(self.procs)
+
+    def write_configs(self, base: Path, pg: RealPostgres | None) -> None:
+        """One config per controller: the run's, with its name and its own port (and its own
+        way to the store, when it is a server)."""
         config = yaml.safe_load(base.read_text())
         for c in self.procs.values():
             mine = dict(config)
+            if pg is not None:
+                mine["store"] = pg.url(c.name)
             mine["name"] = c.name
             mine["listen"] = {"host": "127.0.0.1", "port": c.port}
             mine["advertise_url"] = c.url
@@ -222,9 +250,10 @@ class RealControllers:
             log = self.cluster.workdir / "logs" / f"controller-{c.name}.log"
             last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
             self.progress(f"controller {c.name} ended (exit {code}) without leading: {last}")
-        if c.restarts < RESTARTS_MAX:
+        if c.restarts < RESTARTS_MAX:  # loaded now, opening the store a retry later
             c.restarts += 1
-            self.start(c.name)
+            retry_ns = self.cluster.scenario.timings.lease_ms // 5 * 1_000_000
+            self.start(c.name, not_before_ns=time.monotonic_ns() + retry_ns)
 
     def _event(self, kind: str, **subjects: Any) -> None:
         ev = TraceEvent.of(self.now_ms(), kind, **subjects)
@@ -241,8 +270,18 @@ class RealControllers:
         assert name is not None
         return self.procs[name]
 
-    async def inject(self, action: RestartController | KillController | StallController) -> None:
+    async def inject(self, action: ControllerFault) -> None:
+        pg = self.cluster.pg
         match action:
+            case PartitionController(controller=name, for_ms=for_ms):
+                assert pg is not None  # only `from: store` runs for real (`refusals.py`)
+                cut = [self.named(name).name]
+                pg.cut(cut)
+                asyncio.get_running_loop().call_later(for_ms / 1000, pg.heal, cut)
+            case StoreDown(for_ms=for_ms):
+                assert pg is not None
+                pg.cut(self.names)
+                asyncio.get_running_loop().call_later(for_ms / 1000, pg.heal, self.names)
             case RestartController(controller=name, down_for_ms=down_for_ms):
                 await asyncio.to_thread(self.restart, name, down_for_ms)
             case KillController(controller=name):

@@ -195,7 +195,13 @@ class RealFaults:
                 self._cut(nodes, for_ms)
             case KillEngine(node=node, replica_of=model):
                 await asyncio.to_thread(self._kill_engine, node, model)
-            case RestartController() | KillController() | StallController() if self._several:
+            case (
+                RestartController()
+                | KillController()
+                | StallController()
+                | PartitionController()
+                | StoreDown()
+            ) if self._several:
                 await self._several.inject(fault.action)
             case RestartController(down_for_ms=down_for_ms):
                 await self._restart_controller(down_for_ms)

@@ -6,6 +6,7 @@ the reason); docs/real-mode.md lists each."""
 from __future__ import annotations
 
 from llmgw_twin.realmode import ports
+from llmgw_twin.realmode.pgstore import have_postgres
 from llmgw_twin.twin.scenario.model import (
     AddNode,
     ClockSkew,
@@ -55,6 +56,10 @@ SUPPORTED = (
 )
 
 
+_NO_SERVER = (
+    "the store is taken away on a PostgreSQL server of the run's own behind a proxy per "
+    "controller, and Debian's PostgreSQL binaries are not installed (make postgresql)"
+)
 _ONE_FILE = (
     "real mode's controllers share one SQLite file on this machine, which no proxy stands in "
     "front of, so the store cannot be taken away from one controller or from all (the twin "
@@ -62,7 +67,7 @@ _ONE_FILE = (
 )
 REFUSED: dict[type, str] = {
     PartitionController: _ONE_FILE,
-    StoreDown: _ONE_FILE,
+    StoreDown: _NO_SERVER,
     ClockSkew: (
         "every process on one machine reads the same monotonic and wall clock, and the store's "
         "time is that machine's, so one controller's clock cannot run fast or slow without a "
@@ -90,11 +95,14 @@ PARTITION_REFUSED = {
         "be cut for it alone (the twin models it)"
     ),
     "peers": (
-        "the controllers reach each other only through the store, one SQLite file here: "
-        + _ONE_FILE
+        "the controllers reach each other only through the store, so a controller cut from its "
+        "peers and not from the store has no link of its own to cut here (the twin models it)"
     ),
-    "store": _ONE_FILE,
-    "all": _ONE_FILE,
+    "store": _NO_SERVER,
+    "all": (
+        "the agents' side of it cannot be cut for one controller alone: a node's address is one "
+        "per node in the store, shared by every controller (the twin models it)"
+    ),
 }
 """Why each side of a `partition_controller` is refused."""
 
@@ -115,7 +123,7 @@ def check_real_supported(scenario: Scenario) -> None:
                 f"{scenario.path}:{fault.line}: no controller {fault.action.controller} "
                 f"(cluster.controllers: {scenario.controllers})"
             )
-        if isinstance(fault.action, (KillController, StallController)) and (
+        if isinstance(fault.action, (KillController, StallController, StoreDown)) and (
             scenario.controllers < 2
         ):
             raise ValueError(
@@ -123,6 +131,11 @@ def check_real_supported(scenario: Scenario) -> None:
                 "cluster.controllers of 2 or more in real mode (one controller: "
                 "restart_controller)"
             )
+        takes_store = isinstance(fault.action, StoreDown) or (
+            isinstance(fault.action, PartitionController) and fault.action.side == "store"
+        )
+        if takes_store and have_postgres() and scenario.controllers >= 2:
+            continue  # on a PostgreSQL server of the run's own (`pgstore.py`)
         if not isinstance(fault.action, SUPPORTED):
             action = fault_subjects(fault)["action"]
             why = REFUSED.get(type(fault.action))
