@@ -153,7 +153,9 @@ class Drain:
         deadline = time.monotonic() + wait_ms / 1000
         while not (answer.get("drained") or not answer.get("replicas")):
             if time.monotonic() >= deadline:
-                print(timed_out(args.node, args.wait), flush=True)
+                # on stderr beside -o json|yaml, whose stdout is the answers only
+                quiet = args.output in ("json", "yaml")
+                print(timed_out(args.node, args.wait), file=sys.stderr if quiet else sys.stdout)
                 return 1
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
             status, answer = _request(args, "GET", f"/v1/admin/nodes/{args.node}/drain")
