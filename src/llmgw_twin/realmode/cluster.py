@@ -110,7 +110,11 @@ class RealCluster:
         if scenario.controllers > 1:
             ports = [controller_port] + [free_port() for _ in range(scenario.controllers - 1)]
             self.multi = RealControllers(self, controller_names(scenario.controllers), ports)
-        self.pg = RealPostgres(self.multi.names) if self.multi and store_faults(scenario) else None
+        self.pg = (
+            RealPostgres(self.multi.names, self.env)
+            if self.multi and store_faults(scenario)
+            else None
+        )
         """The store as a PostgreSQL server behind proxies, for a scenario that takes it away."""
         self.controller: subprocess.Popen[bytes] | None = None
         self.standbys: list[subprocess.Popen[bytes]] = []

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw_twin.realmode.proxy import CuttableProxy
@@ -51,7 +52,10 @@ def _free_port() -> int:
 
 
 class RealPostgres:
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], env: Mapping[str, str] | None = None) -> None:
+        self.env = dict(env) if env is not None else None
+        """The server starts with the run's mark (`keeper.py`): a SIGKILLed run's keeper ends
+        it too (its folder is outside the run's: the server's user must own it)."""
         self.owner = "postgres" if os.geteuid() == 0 else None
         self.user = self.owner or pwd.getpwuid(os.geteuid()).pw_name
         self.top = Path(tempfile.mkdtemp(prefix="llmgw-real-pg-"))
@@ -87,6 +91,7 @@ class RealPostgres:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=self.env,
         )
         deadline = time.monotonic() + READY_WITHIN_S
         ready = [str(pg_binary("pg_isready")), "-h", "127.0.0.1", "-p", str(self.port)]
