@@ -1,6 +1,7 @@
 """Several controllers in real mode (`realmode/controllers.py`): what is refused and why, the
 configs every process gets, and how the event log's events are credited to the controller that
-recorded them. Quick: nothing here starts a process (the runs are `test_real_suite.py`'s)."""
+recorded them, and the run's PostgreSQL server cut per controller. Quick (the runs are
+`test_real_suite.py`'s)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import yaml
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode import refusals
 from llmgw_twin.realmode.cluster import RealCluster
-from llmgw_twin.realmode.pgstore import have_postgres
+from llmgw_twin.realmode.pgstore import RealPostgres, have_postgres
 from llmgw_twin.realmode.refusals import check_real_supported
 from llmgw_twin.service.agent.config import load_agent_config
 from llmgw_twin.service.controller.config import load_controller_config
@@ -150,3 +151,35 @@ def test_the_log_is_credited_to_the_controller_that_recorded_it(tmp_path: Path) 
     later = cluster.multi.tag([TraceEvent.of(990, "replica.ready", replica="m-r2")], "c2")
     assert later[0].get("controller") == "c2"
     cluster.ports.close()
+
+
+def test_the_runs_postgresql_server_is_cut_per_controller_and_healed() -> None:
+    """The store of a run that takes it away: one controller's proxy cut refuses it alone, the
+    others still reach the server; healed, it reaches it again; the server and its folder are
+    gone after."""
+    import psycopg
+
+    async def main() -> None:
+        pg = RealPostgres(["c1", "c2"])
+        await pg.start()
+        try:
+
+            def ask(name: str) -> object:
+                with psycopg.connect(pg.url(name), connect_timeout=5) as conn:
+                    row = conn.execute("SELECT 1").fetchone()
+                    return row[0] if row else None
+
+            assert await asyncio.to_thread(ask, "c1") == 1
+            pg.cut(["c1"])
+            with pytest.raises(psycopg.OperationalError):
+                await asyncio.to_thread(ask, "c1")
+            assert await asyncio.to_thread(ask, "c2") == 1
+            pg.heal(["c1"])
+            await pg.proxies["c1"].listening()
+            assert await asyncio.to_thread(ask, "c1") == 1
+        finally:
+            await pg.close()
+        assert not pg.top.exists()
+        assert pg.proc is not None and pg.proc.poll() is not None
+
+    asyncio.run(main())

@@ -45,6 +45,15 @@ def _as_owner(argv: list[str], owner: str | None) -> list[str]:
     return ["runuser", "-u", owner, "--", *argv] if owner else argv
 
 
+def _reachable_tmp(owner: str | None) -> str:
+    """Where the server's folder goes: the temporary folder, unless the server's own user
+    could not reach into it (a TMPDIR under a folder only root may enter); then /tmp."""
+    base = Path(tempfile.gettempdir()).resolve()
+    if owner is None or all(p.stat().st_mode & 0o001 for p in (base, *base.parents)):
+        return str(base)
+    return "/tmp"  # noqa: S108 - a fresh mkdtemp folder in it, owned by the server's user
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,7 +67,7 @@ class RealPostgres:
         it too (its folder is outside the run's: the server's user must own it)."""
         self.owner = "postgres" if os.geteuid() == 0 else None
         self.user = self.owner or pwd.getpwuid(os.geteuid()).pw_name
-        self.top = Path(tempfile.mkdtemp(prefix="llmgw-real-pg-"))
+        self.top = Path(tempfile.mkdtemp(prefix="llmgw-real-pg-", dir=_reachable_tmp(self.owner)))
         self.port = _free_port()
         self.proxies = {
             name: CuttableProxy("127.0.0.1", self.port, refuse_when_cut=True) for name in names
