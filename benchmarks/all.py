@@ -330,24 +330,50 @@ def render(run: Run, at_commit: str) -> str:
     return "\n".join(parts)
 
 
-def render_goals(judged: list[tuple[Goal, str, bool | None]], at_commit: str) -> str:
+GOALS_HEADER = "| goal | limit | measured | met | benchmark | when |"
+
+
+def render_goals(
+    judged: list[tuple[Goal, str, bool | None]], at_commit: str, before: str = ""
+) -> str:
+    """The goals table. A goal not measured in this run keeps its row of `before` (the
+    block as it stood), which says when it was measured."""
     loads = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    kept = {
+        row["goal"]: row
+        for row in markdown_rows(before)
+        if "goal" in row and row.get("when") and row.get("met") != "not measured"
+    }
     lines = [
         "```sh",
         "make bench            # .venv/bin/python benchmarks/all.py",
         "```",
         "",
-        f"Judged at commit {at_commit}, {when}; load {loads} (1, 5, 15 min) on "
-        f"{os.cpu_count()} CPUs at the end.",
+        f"Judged last at commit {at_commit}, {when}; load {loads} (1, 5, 15 min) on "
+        f"{os.cpu_count()} CPUs at the end. A goal whose benchmark did not run then keeps the "
+        "row of the run that measured it.",
         "",
-        "| goal | limit | measured | met | benchmark |",
-        "| --- | --- | --- | --- | --- |",
+        GOALS_HEADER,
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for goal, measured, met in judged:
+        old = kept.get(goal.name)
+        if met is None and old is not None:
+            cells = [old.get(k, "") for k in ("goal", "limit", "measured", "met", "benchmark")]
+            lines.append("| " + " | ".join([*cells, old["when"]]) + " |")
+            continue
         verdict = {True: "yes", False: "**no**", None: "not measured"}[met]
-        lines.append(f"| {goal.name} | {goal.limit} | {measured} | {verdict} | {goal.bench} |")
+        stamp = "" if met is None else f"{at_commit.split(maxsplit=1)[0]}, {when}"
+        lines.append(
+            f"| {goal.name} | {goal.limit} | {measured} | {verdict} | {goal.bench} | {stamp} |"
+        )
     return "\n".join(lines)
+
+
+def block(doc: str, name: str) -> str:
+    begin, end = markers(name)
+    return doc[doc.index(begin) + len(begin) : doc.index(end)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dry_run:
             DOC.write_text(doc)  # each figure as soon as it is measured
     judged = judge_goals(runs)
-    doc = replace_block(doc, "goals", render_goals(judged, at_commit))
+    doc = replace_block(doc, "goals", render_goals(judged, at_commit, block(doc, "goals")))
     if not args.dry_run:
         DOC.write_text(doc)
     failed = [r.bench.name for r in runs.values() if not r.ok]

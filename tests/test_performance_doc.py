@@ -191,6 +191,20 @@ def test_make_bench_writes_the_figures_and_fails_on_a_missed_goal(
     assert tables_without_command(text) == []
     figures["twin"] = fleet(1.0, 1.5, 2.5)
     assert ALL.main(["--only", "twin"]) == 0
+    # a goal measured in an earlier run keeps its row when its benchmark does not run
+    figures["startup"] = {"ratio_of_medians": 30.0}
+    doc.write_text(
+        doc.read_text().replace(
+            "<!-- /bench:twin -->",
+            "<!-- /bench:twin -->\n<!-- bench:startup -->\n<!-- /bench:startup -->",
+        )
+    )
+    assert ALL.main(["--only", "startup"]) == 1
+    text = doc.read_text()
+    assert "| a 1,000-node day against its hour | at most x2 | x1.5" in text  # kept
+    assert "x30.0 of a bare" in text
+    assert ALL.main(["--only", "twin"]) == 0
+    assert "x30.0 of a bare" in doc.read_text()  # kept in turn, still missed
 
 
 def test_an_unknown_benchmark_or_a_missing_marker_is_a_usage_mistake(
