@@ -60,7 +60,7 @@ BENCHES: tuple[Bench, ...] = (
             "--virtual",
             "1h,24h",
             "--repeats",
-            "1",
+            "3",
             "--budget",
             "60",
         ),
