@@ -21,7 +21,13 @@ from llmgw_twin.control.model import (
     Timings,
     TraceEvent,
 )
-from llmgw_twin.control.protocol import ApplyDeployment, ApplyProfile, Heartbeat, NodeRegistered
+from llmgw_twin.control.protocol import (
+    ApplyDeployment,
+    ApplyProfile,
+    Heartbeat,
+    NodeRegistered,
+    Step,
+)
 from llmgw_twin.control.wake import on_grid_at_or_after
 
 T = Timings()
@@ -45,13 +51,18 @@ def drive(lazy: bool, silent: NodeId, silent_from_ms: int, end_ms: int) -> list[
     core = Controller(T)
     events: list[TraceEvent] = []
 
-    def take(step: object, now: int) -> int | None:
-        events.extend(step.events)  # type: ignore[attr-defined]
-        return step.wake_at_ms  # type: ignore[attr-defined]
+    def take(step: Step, now: int) -> int | None:
+        events.extend(step.events)
+        return step.wake_at_ms
 
     wake = take(core.start(0), 0)
     for node in NODES:
-        take(core.handle(NodeRegistered(NodeInfo(node, FabricId("f"), 8, 80_000, ("sim",))), 0), 0)
+        take(
+            core.handle(
+                NodeRegistered(NodeInfo(node, FabricId("f"), 8, 80_000, (EngineName("sim"),))), 0
+            ),
+            0,
+        )
     take(core.handle(ApplyProfile(PROFILE), 0), 0)
     asked = take(core.handle(ApplyDeployment(Deployment(ModelName("m"), PROFILE.name, 2)), 0), 0)
     assert asked == 1_000  # an input that changed something asks for the next reconcile
