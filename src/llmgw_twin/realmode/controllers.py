@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -40,6 +39,7 @@ import httpx
 import yaml
 
 from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.realmode.procs import killpg as _killpg
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
     KillController,
@@ -332,8 +332,3 @@ class RealControllers:
             if c.stalled:
                 self._kill(c)
         return [c.proc for c in self.procs.values() if c.proc is not None]
-
-
-def _killpg(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

@@ -19,8 +19,9 @@ from typing import assert_never
 import httpx
 
 from llmgw_twin.control.model import FabricId, ModelName, NodeId, TraceEvent
-from llmgw_twin.realmode.cluster import RealCluster, children_groups
+from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.controllers import RealControllers
+from llmgw_twin.realmode.procs import children_groups
 from llmgw_twin.service.agent.node_watch import poll_interval_ms
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
