@@ -241,3 +241,20 @@ def test_a_read_only_database_is_reported_as_the_database_says_it(tmp_path: Path
         store.commit([], [TraceEvent(1, "x", ())])
     assert "no transaction is active" not in str(e.value)
     store.close()
+
+
+def test_a_postgresql_store_with_credentials_needs_a_named_secret_file(tmp_path: Path) -> None:
+    """A key derived from a URL would be a stray folder named after the URL, and one key per
+    controller would make agents refuse a successor's tokens: the file must be named."""
+    from llmgw_twin.service.common.config import ConfigError
+    from llmgw_twin.service.controller.config import load_controller_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "listen: {host: 127.0.0.1, port: 8080}\n"
+        "store: postgresql://postgres@127.0.0.1:5432/postgres\n"
+        f"auth: {{admin_tokens: ['sha256:{'0' * 64}']}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"c\.yaml: auth\.secret_file: needed with a PostgreSQL"):
+        load_controller_config(config)
+    assert not (Path.cwd() / "postgresql:").exists()

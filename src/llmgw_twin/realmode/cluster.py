@@ -185,6 +185,9 @@ class RealCluster:
             "auth": {
                 "admin_tokens": [token_hash(self._admin_token)],
                 "router_tokens": [token_hash(self._router_token)],
+                # one key for every controller of the run: a successor derives the same
+                # controller tokens (a PostgreSQL store has no file to put it beside)
+                "secret_file": str(self.workdir / "controller.key"),
             },
         }
         path = self.workdir / "controller.yaml"

@@ -22,6 +22,7 @@ from llmgw_twin.service.common import limits, listener
 from llmgw_twin.service.common.auth import check_hash, is_loopback
 from llmgw_twin.service.common.tls import ClientTls, ServerTls
 from llmgw_twin.service.common.wire import Port, Text
+from llmgw_twin.store.postgres import is_postgres_url
 from llmgw_twin.units import parse_duration, parse_size_mib
 
 Host = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
@@ -216,6 +217,12 @@ def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | N
         hashes[key] = tuple(values)
     if not hashes["admin_tokens"]:
         raise ConfigError(f"{path}: auth.admin_tokens: at least one admin token hash is needed")
+    if not a.secret_file and is_postgres_url(store):
+        raise ConfigError(
+            f"{path}: auth.secret_file: needed with a PostgreSQL store (there is no store file "
+            "to keep the key beside): name one file, and give every controller of the store the "
+            "same key, or agents refuse a successor's controller tokens"
+        )
     secret = relative(path, a.secret_file) if a.secret_file else Path(store + ".key")
     problem = _secret_problem(secret)
     if problem is not None:
