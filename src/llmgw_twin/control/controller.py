@@ -39,23 +39,16 @@ from llmgw_twin.control.durable import (
 )
 from llmgw_twin.control.lifecycle import Lifecycle
 from llmgw_twin.control.model import (
-    Deployment,
-    ModelName,
     NodeId,
     NodeInfo,
     NodeState,
-    Profile,
-    ProfileName,
-    ReplicaId,
     ReplicaState,
-    ShardSpec,
     Timings,
 )
 from llmgw_twin.control.moves import Moves
 from llmgw_twin.control.nodes import NodeRegistry
 from llmgw_twin.control.operator import Operator
 from llmgw_twin.control.parts import Books, Liveness
-from llmgw_twin.control.placement import CapacityIndex
 from llmgw_twin.control.protocol import (
     ApplyDeployment,
     ApplyProfile,
@@ -76,6 +69,7 @@ from llmgw_twin.control.protocol import (
 from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.reports import ShardReports
 from llmgw_twin.control.rollout import Rollout
+from llmgw_twin.control.views import ControllerViews
 from llmgw_twin.control.wake import on_grid_at_or_after, quiet_until, underway
 
 QUIET_STEP = Step()
@@ -83,7 +77,7 @@ QUIET_STEP = Step()
 step every time, so a shell can tell it at the cost of one identity test."""
 
 
-class Controller:
+class Controller(ControllerViews):
     """The controller core, composed of parts that own their state: the node registry (health,
     the mass-loss guard), the capacity index, the replica table, the node assignments, the
     failure book, the outbox, and the replica lifecycle that works on them. What is left here is
@@ -133,102 +127,6 @@ class Controller:
         self._restored_count = 0
         self._adopted_count = 0
 
-    # --- read-only views (for shells, the router and the twin's checkers) ---------------------
-
-    @property
-    def reconcile_due_ms(self) -> int | None:
-        """When the next reconcile is due (None before `start`)."""
-        return self._due_ms
-
-    def node_state(self, node: NodeId) -> NodeState | None:
-        return self._fleet.health.state(node)
-
-    def node_info(self, node: NodeId) -> NodeInfo | None:
-        return self._fleet.infos.get(node)
-
-    def nodes(self) -> list[NodeId]:
-        return sorted(self._fleet.infos)
-
-    def replica(self, rid: ReplicaId) -> ReplicaRecord | None:
-        return self._replicas.get(rid)
-
-    def replicas(self) -> list[ReplicaRecord]:
-        return self._replicas.sorted()
-
-    def live_replicas(self, model: ModelName) -> list[ReplicaRecord]:
-        return self._replicas.live(model)
-
-    def ready_replicas(self, model: ModelName) -> list[ReplicaRecord]:
-        """Ready and routable: a replica with a shard on a silent node is not capacity (but
-        under a mass-loss hold, which keeps its routes)."""
-        return [
-            r
-            for r in self.live_replicas(model)
-            if r.state is ReplicaState.READY and not r.unroutable
-        ]
-
-    def assigned(self, node: NodeId) -> tuple[ShardSpec, ...]:
-        return self._assignments.of(node)
-
-    def replicas_on(self, node: NodeId) -> list[ReplicaId]:
-        return self._assignments.replicas_on(node)
-
-    def deployments(self) -> list[Deployment]:
-        return [self._deployments[m] for m in sorted(self._deployments)]
-
-    def held(self) -> bool:
-        """The mass-loss guard holds: the controller takes the fleet's silence for its own."""
-        return self._fleet.guard.held
-
-    def loss_accepted(self) -> bool:
-        """The last mass-loss hold ran past its bound: the silence is taken as the fleet's."""
-        return self._fleet.guard.accepted
-
-    def paced(self) -> list[NodeId]:
-        """Nodes silent past the lost window that the eviction pace keeps (`node.loss_paced`)."""
-        return sorted(self._fleet.paced)
-
-    def failed_gpus(self, node: NodeId) -> tuple[int, ...]:
-        return self._capacity.failed_gpus(node)
-
-    def booked_gpus(self, node: NodeId) -> tuple[int, ...]:
-        """GPUs of `node` held by a replica, or for one a defragmentation is making room for."""
-        return self._capacity.booked_gpus(node) if self._capacity.has_node(node) else ()
-
-    def quarantines(self) -> list[tuple[NodeId, ProfileName, int, str]]:
-        rows = self._failures.quarantines
-        return [(q.node, q.profile, q.until_ms, q.reason) for _, q in sorted(rows.items())]
-
-    def link_up(self, node: NodeId) -> bool:
-        return self._capacity.link_up(node)
-
-    def moves(self) -> dict[ReplicaId, ReplicaId]:
-        """Defragmentation moves in flight: new copy -> the replica it replaces."""
-        return self._defrag.in_flight()
-
-    def held_gpus(self) -> dict[NodeId, tuple[int, ...]]:
-        """GPUs a defragmentation holds for the replica it makes room for, per node."""
-        return self._moves.held
-
-    @property
-    def drains(self) -> Drainer:
-        """Cordoned and draining nodes, and the drain moves in flight (read-only by convention)."""
-        return self._drain
-
-    @property
-    def rollout(self) -> Rollout:
-        """The models being rolled to a changed profile, and their moves (read-only by
-        convention)."""
-        return self._rollout
-
-    @property
-    def capacity(self) -> CapacityIndex:
-        """Free, booked and failed GPUs per node (read-only by convention: `explain` reads it)."""
-        return self._capacity
-
-    def pending_ids(self) -> list[ReplicaId]:
-        return list(self._replicas.pending)
-
     def _heartbeat_fits(self, info: NodeInfo, interval_ms: int) -> None:
         """A node registering with a heartbeat interval not shorter than `node_suspect_after`
         would turn suspect between its heartbeats: said, each time it registers so."""
@@ -244,22 +142,6 @@ class Controller:
             f"controller's node_suspect_after of {suspect} ms: the node will turn suspect "
             "between heartbeats; set the agent's heartbeat_interval below it",
         )
-
-    def now_ms(self) -> int:
-        """The time of the last event or tick the core handled."""
-        return self._out.now_ms
-
-    def heard(self, node: NodeId) -> bool:
-        """Heard from since this controller started."""
-        return node in self._fleet.heard_nodes
-
-    def excluded(self, profile: Profile) -> frozenset[NodeId]:
-        """Nodes a new replica of `profile` must not use now (quarantined, or not heard since
-        a failure)."""
-        return self._failures.excluded(profile.name)
-
-    def profile(self, name: ProfileName) -> Profile | None:
-        return self._profiles.get(name)
 
     # --- bulk heartbeats: a shell that accounts for quiet heartbeats itself (the twin) --------
 
