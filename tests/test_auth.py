@@ -41,6 +41,8 @@ class Fleet:
     client: httpx.AsyncClient
     admin: str
     api: str
+    reader: str = ""
+    """a reader token: the metrics and the admin reads, nothing that changes the fleet"""
     nodes: dict[str, str] = field(default_factory=dict)
     """node -> its token"""
     controller_tokens: dict[str, str] = field(default_factory=dict)
@@ -77,9 +79,12 @@ class Fleet:
 
 @asynccontextmanager
 async def fleet(tmp_path: Path, *, api_keys: bool = True) -> AsyncIterator[Fleet]:
-    admin, api = new_token(), new_token()
+    admin, api, reader = new_token(), new_token(), new_token()
     auth = ControllerAuth(
-        (token_hash(admin),), (token_hash(api),) if api_keys else (), tmp_path / "secret.key"
+        (token_hash(admin),),
+        (token_hash(api),) if api_keys else (),
+        tmp_path / "secret.key",
+        reader_hashes=(token_hash(reader),),
     )
     settings = ControllerSettings("127.0.0.1", 0, str(tmp_path / "c.db"), FAST, (), (), auth=auth)
     sent: list[tuple[str, str, dict[str, Any], str | None]] = []
@@ -96,7 +101,7 @@ async def fleet(tmp_path: Path, *, api_keys: bool = True) -> AsyncIterator[Fleet
     transport = httpx.ASGITransport(app=create_controller_app(runtime))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://controller") as client:
-            yield Fleet(runtime, client, admin, api, sent=sent)
+            yield Fleet(runtime, client, admin, api, reader, sent=sent)
     finally:
         await runtime.stop()
 
@@ -122,6 +127,7 @@ ENDPOINTS: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("admin", "GET", "/v1/admin/nodes/n1/drain", None),
     ("admin", "POST", "/v1/admin/nodes/n2/drain", None),
     ("admin", "GET", "/v1/admin/replicas/tiny-r1/explain", None),
+    ("admin", "GET", "/v1/admin/models/tiny/explain", None),
     ("admin", "DELETE", "/v1/admin/deployments/nope", None),
     ("admin", "GET", "/metrics", None),
     (
@@ -166,6 +172,7 @@ def test_every_controller_endpoint_refuses_no_token_a_wrong_one_and_the_wrong_ki
                     "api": f.api,
                     "node": f.nodes["n1"],
                     "other node": f.nodes["n2"],
+                    "reader": f.reader,
                 }
                 # an API client is told in its own words: no key, or a key that is not one
                 missing = "no API key" if who == "api" else "missing credentials"
@@ -184,8 +191,14 @@ def test_every_controller_endpoint_refuses_no_token_a_wrong_one_and_the_wrong_ki
                     assert r.headers["www-authenticate"] == "Bearer"
                 for kind, token in callers.items():
                     r = await f.client.request(method, path, json=body, headers=f.auth(token))
-                    if kind == who:
+                    if kind == who or (kind == "reader" and who == "admin" and method == "GET"):
+                        # a reader reads what an admin reads: the metrics, the state, explain
                         assert r.status_code not in (401, 403), (path, kind, r.text)
+                    elif kind == "reader" and who == "admin":
+                        assert r.status_code == 403, (path, r.text)
+                        assert "a reader token reads the metrics and the admin state only" in (
+                            detail_of(r)
+                        )
                     elif kind == "other node" and who == "node":
                         # a node's token speaks for that node only
                         assert r.status_code == 403, (path, r.text)
@@ -198,7 +211,7 @@ def test_every_controller_endpoint_refuses_no_token_a_wrong_one_and_the_wrong_ki
         # refusals are logged, the tokens never
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert "refused POST /v1/agents/register" in logged
-        for token in (f.admin, f.api, wrong, *f.nodes.values()):
+        for token in (f.admin, f.api, f.reader, wrong, *f.nodes.values()):
             assert token not in logged
 
     with caplog.at_level(logging.INFO):

@@ -220,6 +220,17 @@ def test_the_fleet_gauges_and_the_counters_agree_with_the_state_and_the_event_lo
     assert m.get("llmgw_mass_loss_hold") == int(state["mass_loss_hold"])
     assert m.get("llmgw_quarantines") == len(state["quarantines"])
 
+    # one series per node: its health, GPUs in use and failed, its link while it is heard from
+    for n in state["nodes"]:
+        at = {"node": n["node"], "fabric": n["fabric"]}
+        used = sum(g["replica"] is not None for g in n["gpus"])
+        assert m.get("llmgw_node_alive", **at) == int(n["state"] == "alive")
+        assert m.get("llmgw_node_gpus_in_use", **at) == used
+        assert m.get("llmgw_node_gpus_failed", **at) == len(n["failed_gpus"])
+        assert m.get("llmgw_node_fabric_link_up", **at) == int(n["fabric_link_up"])
+    assert len(m.series("llmgw_node_alive")) == len(state["nodes"])
+    assert m.get("llmgw_node_series_omitted") == 0
+
     kinds = Counter(ev["kind"] for ev in stack.events())
     events = {dict(k)["kind"]: v for k, v in m.series("llmgw_events_total").items()}
     assert {k: v for k, v in events.items() if v > 0} == kinds
@@ -435,12 +446,13 @@ def _le(bound: float) -> str:
 def test_a_scrape_needs_an_admin_token_or_the_routers_api_key_once_credentials_are_asked(
     tmp_path: Path,
 ) -> None:
-    admin, api, router_token = new_token(), new_token(), new_token()
+    admin, api, router_token, reader = new_token(), new_token(), new_token(), new_token()
     auth = ControllerAuth(
         (token_hash(admin),),
         (token_hash(api),),
         tmp_path / "secret.key",
         (token_hash(router_token),),
+        (token_hash(reader),),
     )
     settings = ControllerSettings("127.0.0.1", 0, str(tmp_path / "c.db"), FAST, (), (), auth=auth)
     with live_server(lambda: create_controller_app(ControllerRuntime(settings))) as controller:
@@ -455,6 +467,15 @@ def test_a_scrape_needs_an_admin_token_or_the_routers_api_key_once_credentials_a
             assert r.status_code == status, (token, r.text)
             assert "llmgw_" not in r.text
         assert scrape(controller, admin).get("llmgw_nodes", state="alive") == 0
+        # a reader token scrapes and reads the state, and changes nothing
+        assert scrape(controller, reader).get("llmgw_nodes", state="alive") == 0
+        as_reader = {"authorization": f"Bearer {reader}"}
+        r = httpx.get(controller + "/v1/admin/state", headers=as_reader, trust_env=False)
+        assert r.status_code == 200, r.text
+        body = {"profile": "tiny", "replicas": 1}
+        url = controller + "/v1/admin/deployments/tiny"
+        r = httpx.put(url, json=body, headers=as_reader, trust_env=False)
+        assert r.status_code == 403 and "reader token" in r.text, r.text
         assert httpx.get(controller + "/health", trust_env=False).json() == {"status": "ok"}
 
     s = router_settings(controller_url="http://127.0.0.1:9", api_key_hashes=(token_hash(api),))
@@ -568,3 +589,27 @@ def test_every_dashboard_expression_names_only_metrics_the_services_export(stack
         "llmgw_controller_lag_forgiven_seconds_total",
     ]:
         assert wanted in used, wanted
+
+
+def test_per_node_series_are_bounded_and_the_nodes_to_look_at_come_first() -> None:
+    """Past the cap, the nodes not alive, with a failed GPU or a link down keep their series;
+    the omitted count says how many nodes have none."""
+    from llmgw_twin.control.model import NodeState
+    from llmgw_twin.service.controller.node_metrics import chosen
+
+    class Core:
+        def nodes(self) -> list[str]:
+            return [f"n{i:02}" for i in range(20)]
+
+        def node_state(self, node: str) -> NodeState:
+            return NodeState.LOST if node == "n17" else NodeState.ALIVE
+
+        def failed_gpus(self, node: str) -> tuple[int, ...]:
+            return (3,) if node == "n12" else ()
+
+        def link_up(self, node: str) -> bool:
+            return node != "n19"
+
+    kept, omitted = chosen(Core(), limit=5)  # type: ignore[arg-type]
+    assert kept == ["n00", "n01", "n12", "n17", "n19"] and omitted == 15
+    assert chosen(Core(), limit=20) == (Core().nodes(), 0)  # type: ignore[arg-type]

@@ -204,15 +204,22 @@ def test_router_token_hashes_in_the_controller_config_are_checked(tmp_path: Path
     good = token_hash(new_token())
     (tmp_path / "c.yaml").write_text(
         "listen: {port: 8080}\nstore: c.db\n"
-        f"auth: {{admin_tokens: ['{good}'], router_tokens: ['{good}']}}\n"
+        f"auth: {{admin_tokens: ['{good}'], router_tokens: ['{good}'], "
+        f"reader_tokens: ['{good}']}}\n"
     )
     auth = load_controller_config(tmp_path / "c.yaml").auth
-    assert auth is not None and auth.router_hashes == (good,)
+    assert auth is not None and auth.router_hashes == (good,) and auth.reader_hashes == (good,)
     (tmp_path / "bad.yaml").write_text(
         "listen: {port: 8080}\nstore: c.db\n"
         f"auth: {{admin_tokens: ['{good}'], router_tokens: [lgw_not_a_hash]}}\n"
     )
     with pytest.raises(ConfigError, match=r"auth\.router_tokens\[0\]: expected a token hash"):
+        load_controller_config(tmp_path / "bad.yaml")
+    (tmp_path / "bad.yaml").write_text(
+        "listen: {port: 8080}\nstore: c.db\n"
+        f"auth: {{admin_tokens: ['{good}'], reader_tokens: [lgw_not_a_hash]}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"auth\.reader_tokens\[0\]: expected a token hash"):
         load_controller_config(tmp_path / "bad.yaml")
 
 

@@ -9,6 +9,10 @@ Role: the production shells' authentication (docs/security.md). Five kinds of ca
   `auth.router_tokens`;
 - a **node**: the token issued for it at onboarding (`POST /v1/admin/nodes/{node}/credential`),
   kept by the controller only as its hash, bound to the node's name and its agent's address;
+- a **reader** (a metrics scraper, a dashboard): a token listed (hashed) under
+  `auth.reader_tokens`, let through where an admin is asked for on reads only (`GET` or `HEAD`
+  of `/metrics` and `/v1/admin/...`: the state, the events, explain, a drain's progress), and
+  refused (403) on everything that changes the fleet;
 - the **controller**, calling an agent: a token derived for that node's credential
   (HMAC-SHA256 of the credential's hash under the controller's secret key), so no token is
   stored in the clear anywhere on the controller and each agent holds only its own.
@@ -50,7 +54,16 @@ TOKEN_PREFIX = "lgw_"  # noqa: S105  (a prefix, not a secret)
 HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_TOKEN_LENGTH = 256
 
-Kind = Literal["admin", "api", "node", "controller", "router"]
+Kind = Literal["admin", "api", "node", "controller", "router", "reader"]
+READS = frozenset({"GET", "HEAD"})
+"""The methods a reader may use, where an admin may."""
+
+
+def reader_may(request: Request) -> bool:
+    """Whether a reader may make this request in an admin's place: a read of the metrics or of
+    an admin route (no admin read hands out a secret: credentials are issued by POST)."""
+    path = request.url.path
+    return request.method in READS and (path == "/metrics" or path.startswith("/v1/admin/"))
 
 
 def new_token() -> str:
@@ -183,8 +196,10 @@ class ControllerKeys:
         secret: bytes,
         nodes: Iterable[NodeCredential] = (),
         router_hashes: Iterable[str] = (),
+        reader_hashes: Iterable[str] = (),
     ) -> None:
         self.admin_hashes = tuple(admin_hashes)
+        self.reader_hashes = tuple(reader_hashes)
         self.api_key_hashes = tuple(api_key_hashes)
         self.router_hashes = tuple(router_hashes)
         self._secret = secret
@@ -234,6 +249,8 @@ class ControllerKeys:
             return Caller("router")
         if any_matches(h, self.api_key_hashes):
             return Caller("api")
+        if any_matches(h, self.reader_hashes):
+            return Caller("reader")
         return None
 
     def require(self, request: Request, kind: Kind, *others: Kind) -> Caller:
@@ -246,8 +263,12 @@ class ControllerKeys:
             caller = self.identify(presented(request))
             if caller is None:
                 raise refuse(request, 401, INVALID)
+        if caller.kind == "reader" and "admin" in (kind, *others) and reader_may(request):
+            return caller
         if caller.kind != kind and caller.kind not in others:
             detail = f"a {caller.kind} credential may not call this endpoint"
+            if caller.kind == "reader":
+                detail += ": a reader token reads the metrics and the admin state only"
             if kind == "api":
                 detail += ": send an API key (one listed under auth.api_keys)"
             raise refuse(request, 403, detail, "wrong_credential_kind" if kind == "api" else None)

@@ -78,6 +78,7 @@ class AuthC(StrictModel):
     admin_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
     api_keys: list[Annotated[str, Strict()]] = Field(default=[], max_length=4096)
     router_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
+    reader_tokens: list[Annotated[str, Strict()]] = Field(default=[], max_length=64)
     secret_file: Text | None = None
 
 
@@ -98,6 +99,9 @@ class ControllerAuth:
     """The key the agents' controller tokens derive from; created (mode 0600) if absent."""
     router_hashes: tuple[str, ...] = ()
     """Router processes that may follow the routing feed (`/v1/router/feed`)."""
+    reader_hashes: tuple[str, ...] = ()
+    """Readers: `GET /metrics` and the admin reads (state, events, explain, a drain's
+    progress), nothing that changes the fleet (a dashboard's, a scraper's token)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +211,7 @@ def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | N
         ("admin_tokens", a.admin_tokens),
         ("api_keys", a.api_keys),
         ("router_tokens", a.router_tokens),
+        ("reader_tokens", a.reader_tokens),
     )
     for key, values in keys:
         for i, value in enumerate(values):
@@ -231,7 +236,11 @@ def auth_settings(path: Path, a: AuthC | None, store: str) -> ControllerAuth | N
         )
         raise ConfigError(f"{path}: {key}: {secret}: {problem}")
     return ControllerAuth(
-        hashes["admin_tokens"], hashes["api_keys"], secret, hashes["router_tokens"]
+        hashes["admin_tokens"],
+        hashes["api_keys"],
+        secret,
+        hashes["router_tokens"],
+        hashes["reader_tokens"],
     )
 
 

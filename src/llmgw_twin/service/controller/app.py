@@ -134,6 +134,7 @@ class ControllerRuntime(AdminCalls):
                 secret=load_secret(settings.auth.secret_file),
                 nodes=(NodeCredential(*row) for row in self.store.credentials()),
                 router_hashes=settings.auth.router_hashes,
+                reader_hashes=settings.auth.reader_hashes,
             )
             # the controller calls a node at the address its credential is bound to, only
             self._agent_urls: dict[NodeId, str] = {
@@ -197,6 +198,9 @@ class ControllerRuntime(AdminCalls):
         await self.leadership.claim()  # a standby waits here until it leads
         self.leadership.start()
         self._reload_nodes()  # what its predecessors learned while it waited
+        # and the event log as they left it: a standby read it when it started, and its own
+        # events are numbered on from the last they committed
+        self._events_dropped, self._events = self.store.load_events()
         restored = self.store.load()
         async with self._lock:
             if restored != DurableState():

@@ -13,7 +13,8 @@ Invariants:
   moves when its event is published, once its step is durable: a gauge may be a commit ahead.
 - A heartbeat costs one integer add here, with no lock; an event a dict update.
 - Labels are bounded: node states, replica states, event kinds and reason classes are fixed
-  sets, and models are the deployed ones. A failure's or a reap's free-text reason (it names
+  sets, and models are the deployed ones; per-node series are kept to a bounded number of
+  nodes (`node_metrics.py`). A failure's or a reap's free-text reason (it names
   nodes, replicas, exit codes) is reduced to its class (`reason_class`).
 """
 
@@ -36,6 +37,7 @@ from llmgw_twin.control.model import (
 )
 from llmgw_twin.service.common.metrics import counter, exposition, gauge, routable
 from llmgw_twin.service.common.wire import Refused
+from llmgw_twin.service.controller.node_metrics import node_series
 
 if TYPE_CHECKING:
     from llmgw_twin.service.controller.app import ControllerRuntime
@@ -235,6 +237,7 @@ class _ControllerCollector:
             "llmgw_gpus_failed", "GPUs reported failed, never placed on until cleared", value=failed
         )
         yield from (replicas, desired, unplaceable)
+        yield from node_series(core)
         yield routable(rt.router, models)
         yield GaugeMetricFamily(
             "llmgw_mass_loss_hold",

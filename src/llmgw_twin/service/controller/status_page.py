@@ -91,7 +91,7 @@ BODY = """
   <button id="forget" type="button" hidden>forget token</button>
 </header>
 <form id="token-form" hidden autocomplete="off">
-  <label for="token-input">Admin token</label>
+  <label for="token-input">Admin or reader token</label>
   <input id="token-input" type="password" autocomplete="off" spellcheck="false"
     maxlength="256">
   <button type="submit">use token</button>
