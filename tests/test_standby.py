@@ -133,3 +133,38 @@ def test_ctl_given_every_address_reaches_the_leader_through_a_standby_and_past_a
     # the standby alone: it names the leader, ctl follows it
     assert main(["ctl", "status", "--controller", u2, "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["leadership"]["url"] == u1
+
+
+def test_a_standby_that_takes_over_goes_on_from_the_event_log_its_predecessor_left(
+    pair: tuple[str, str, subprocess.Popen[bytes]],
+) -> None:
+    """The log it read when it started is stale by then: what the leader recorded while it
+    stood by is in its log once it leads, its own numbered on after it."""
+    u1, u2, first = pair
+
+    def standing_by() -> bool | None:
+        r = _get(u2 + "/health")
+        return (r is not None and r.json().get("status") == "standby") or None
+
+    wait_sync(standing_by, UP_WITHIN_S, "c2 standing by")
+    profile = {"engine": "sim", "nodes": 1, "gpus_per_node": 1, "model": "/models/m"}
+    httpx.put(u1 + "/v1/admin/profiles/p", json=profile, timeout=5).raise_for_status()
+    r = httpx.put(u1 + "/v1/admin/deployments/m", json={"profile": "p", "replicas": 1}, timeout=5)
+    r.raise_for_status()
+
+    def recorded() -> list[dict[str, object]] | None:
+        events = httpx.get(u1 + "/v1/admin/events", timeout=5).json()["events"]
+        return events if len(events) > 1 else None  # its start, then the deployment's
+
+    before = wait_sync(recorded, UP_WITHIN_S, "c1 recording the deployment's events")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+
+    def taken_over() -> list[dict[str, object]] | None:
+        r = _get(u2 + "/v1/admin/events")
+        events = r.json()["events"] if r is not None and r.status_code == 200 else []
+        return events if len(events) > len(before) else None  # its own start recorded
+
+    after = wait_sync(taken_over, UP_WITHIN_S, "c2 leading, its start recorded")
+    assert after[: len(before)] == before
+    assert "controller.started" in [e["kind"] for e in after[len(before) :]]
