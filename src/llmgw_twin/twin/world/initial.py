@@ -4,9 +4,10 @@ controller finds a running fleet.
 `InitialShell` writes the state into the controllers' store (`seed_store`) before the first
 leader's core is made, as the store of a controller that ran until then would hold it: profiles,
 deployments, the node registry, every placed replica with its shard specs, the replica counters,
-failed GPUs, cordons, drains and quarantines. `boot_nodes` powers every node on with its shards running (a `ready`
-replica's leader serving, its workers joined; a `starting` one's engines started at the run's
-start and loading), and its agent registers with them as a restarted agent does
+failed GPUs, cordons, drains and quarantines. `boot_nodes` powers every node on with its shards
+running (a `ready` replica's leader serving, its workers joined; a `starting` one's engines
+started at the run's start and loading), and its agent registers with them as a restarted agent
+does
 (`world/adopt.py`). The first controller starts from the store, asks every agent to report, and
 adopts what they run: nothing is placed, restarted or failed unless a fault makes it so. A node
 `lost` in the snapshot stays off (its controller declares it lost again after `node_lost_after`
