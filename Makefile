@@ -41,7 +41,7 @@ dist-check: $(VENV)/.installed
 
 test: lint llama-server chromium postgresql dist-check
 	$(BIN)/llmgw-twin run -q scenarios/*.yaml
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 # every scenario file on real processes with the twin's decisions, two at a time (~10 min)
 test-real: $(VENV)/.installed
