@@ -203,7 +203,7 @@ class Controller(ControllerViews):
                 rebooted = before is not None and before != incarnation and not shards
                 self._reports.observe(info.node, shards, rebooted)
                 if rebooted and last_seen is not None:
-                    self._life.forgive(info.node, last_seen, f"node {info.node} rebooted")
+                    self._life.timers.forgive(info.node, last_seen, f"node {info.node} rebooted")
             case Heartbeat(node=node, shards=shards):
                 if node not in self._fleet.infos:
                     # unknown here (registered while this controller was down, say)
@@ -238,7 +238,7 @@ class Controller(ControllerViews):
                 if lag_ms <= 0:
                     raise ValueError("a lag is a positive number of milliseconds")
                 self._fleet.health.forgive(lag_ms, now_ms)
-                self._life.excuse(lag_ms)
+                self._life.timers.excuse(lag_ms)
                 self._out.emit("controller.lagged", lag_ms=lag_ms)
             case _:
                 assert_never(event)
@@ -348,7 +348,7 @@ class Controller(ControllerViews):
                 adopted=self._adopted_count,
                 restored=self._restored_count,
             )
-        self._life.run_timers()
+        self._life.timers.run()
         dirty = self._replicas.dirty
         for rid in sorted(dirty):
             if rid in dirty:
@@ -444,7 +444,7 @@ class Controller(ControllerViews):
         rec.move(ReplicaState.READY if ready else ReplicaState.STARTING)
         rec.endpoint = rec.reports[0].endpoint if ready else None
         if not ready:
-            self._life.watch_start(rec)
+            self._life.timers.watch_start(rec)
         self._replicas.dirty_models.add(rec.model)  # counted again, if it was not
         self._adopted_count += 1
         self._out.emit(

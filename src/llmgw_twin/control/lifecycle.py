@@ -329,7 +329,7 @@ class Lifecycle:
         rec.move(ReplicaState.PLACED)
         rec.unplaceable_reason = None
         self.replicas.placed(rec)
-        self.watch_start(rec)
+        self.timers.watch_start(rec)
         self.out.write(
             PutReplica(
                 ReplicaRow(
@@ -351,20 +351,6 @@ class Lifecycle:
             fabric=placement.fabric,
             nodes=placement.nodes,
         )
-
-    # --- timers (`timers.Timers`) --------------------------------------------------------------
-
-    def watch_start(self, rec: ReplicaRecord) -> None:
-        self.timers.watch_start(rec)
-
-    def run_timers(self) -> None:
-        self.timers.run()
-
-    def excuse(self, lag_ms: int) -> None:
-        self.timers.excuse(lag_ms)
-
-    def forgive(self, node: NodeId, since_ms: int, why: str) -> None:
-        self.timers.forgive(node, since_ms, why)
 
     # --- readiness both ways -----------------------------------------------------------------
 

@@ -307,6 +307,6 @@ class NodeRegistry:
                     self.life.fail(self.replicas[rid], f"node {node} lost", node)
                 since = self.health.last_seen_ms(node)
                 if since is not None:  # a peer's exit when the node went was the node's doing
-                    self.life.forgive(node, since, f"node {node} lost")
+                    self.life.timers.forgive(node, since, f"node {node} lost")
             case _:
                 assert_never(change.after)

@@ -11,7 +11,7 @@ the infrastructure caused it: a shard of a multi-node replica that exited or wen
 node of that replica has its fabric links down, or a shard gone from a node that just booted
 again. Then the reason says so, `(fabric down: not the engine's failure)`, and nothing counts.
 A worker that stops answering its probe degrades its replica as a hung leader does; the failure
-after the grace is blamed on that worker's rank and node (`Lifecycle.run_timers`).
+after the grace is blamed on that worker's rank and node (`Timers.run`).
 """
 
 from __future__ import annotations
