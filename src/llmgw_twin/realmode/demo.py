@@ -204,27 +204,20 @@ def main(_args: argparse.Namespace) -> int:
         try:
             demo = Demo(Path(tmp), keeper)
 
-            async def go() -> None:
-                task = asyncio.current_task()
-                assert task is not None
-                stopper.watch(task)
+            async def work() -> None:
                 try:
-                    if stopper.received is None:
-                        await demo.run()
-                except asyncio.CancelledError:
-                    if stopper.received is None:
-                        raise
+                    await demo.run()
                 except (RuntimeError, httpx.HTTPError, OSError) as e:
                     failed.append(str(e))
-                finally:
-                    stopper.stopping = True
-                    say("stopping every process the demo started")
-                    left = await demo.cluster.stop_all()
-                    sweep(keeper.mark)  # what a `kill -9`ed agent left: its engines, sidecars
-                    if left:
-                        failed.append(f"process groups {left} did not stop")
 
-            asyncio.run(go())
+            async def stop() -> None:
+                say("stopping every process the demo started")
+                left = await demo.cluster.stop_all()
+                sweep(keeper.mark)  # what a `kill -9`ed agent left: its engines, sidecars
+                if left:
+                    failed.append(f"process groups {left} did not stop")
+
+            asyncio.run(stopper.guard(work, stop))
         finally:
             keeper.release()
     if failed:

@@ -396,22 +396,10 @@ def _run_cluster(
 ) -> RealResult | None:
     """The run on its cluster, every process it started ended after; None after a signal."""
 
-    async def main() -> list[int]:
-        task = asyncio.current_task()
-        assert task is not None
-        stopper.watch(task)
-        try:
-            if stopper.received is None:
-                await run.run()
-        except asyncio.CancelledError:
-            if stopper.received is None:
-                raise
-        finally:
-            stopper.stopping = True  # from here on a signal is only noted
-            run.injector.cancel()  # nothing of the faults' timers fires during the stop
-            run.progress("stopping every process the run started")
-            left = await run.cluster.stop_all()
-        return left
+    async def stop() -> list[int]:
+        run.injector.cancel()  # nothing of the faults' timers fires during the stop
+        run.progress("stopping every process the run started")
+        return await run.cluster.stop_all()
 
-    left = asyncio.run(main())
+    left = asyncio.run(stopper.guard(run.run, stop))
     return run.result(time_scale, tolerance_ms, left) if stopper.received is None else None

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+T = TypeVar("T")
 
 
 class Interrupted(Exception):
@@ -49,6 +51,26 @@ class Stopper:
         self.received = self.received or signum
         if first and self._loop is not None and not self.stopping:
             self._loop.call_soon_threadsafe(self._cancel)
+
+    async def guard(
+        self, work: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[T]]
+    ) -> T:
+        """Run `work` (not started if a signal came first) where a stop signal cancels it, then
+        `stop` whatever happened, signals during it only noted; `stop`'s result. A cancellation
+        by the signal ends `work` quietly; any other error goes on once `stop` has run."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.watch(task)
+        try:
+            if self.received is None:
+                await work()
+        except asyncio.CancelledError:
+            if self.received is None:
+                raise
+        finally:
+            self.stopping = True  # from here on a signal is only noted
+            stopped = await stop()
+        return stopped
 
     def _cancel(self) -> None:
         if not self.stopping and self._task is not None:

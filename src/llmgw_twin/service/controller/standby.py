@@ -15,13 +15,13 @@ moment it leads the gate lets everything through; until its state is restored, c
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 if TYPE_CHECKING:
@@ -70,19 +70,8 @@ class StandbyGate:
         else:
             status = 503
             body = {"detail": standby_message(self.runtime), "leader": leader}
-        raw = json.dumps(body).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(raw)).encode()),
-                    (b"retry-after", str(RETRY_AFTER_S).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": raw})
+        reply = JSONResponse(body, status_code=status, headers={"retry-after": str(RETRY_AFTER_S)})
+        await reply(scope, receive, send)
 
 
 def lifespan(runtime: ControllerRuntime) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
