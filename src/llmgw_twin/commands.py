@@ -66,6 +66,20 @@ COMMANDS: tuple[Command, ...] = (
         SIMULATE,
     ),
     Command(
+        ("what-if",),
+        "llmgw_twin.live.whatif",
+        "rehearse actions (drain, cordon, a node or fabric down, a scale) on a snapshot or a "
+        "live controller's fleet, several seeds, and print what they would do",
+        SIMULATE,
+    ),
+    Command(
+        ("replay",),
+        "llmgw_twin.live.replay",
+        "turn a controller's event log (a file or a live controller, a time window) into a "
+        "scenario that reproduces the incident",
+        SIMULATE,
+    ),
+    Command(
         ("demo",),
         "llmgw_twin.realmode.demo",
         "a controller, four nodes on two fabrics and a deployment on this machine; "
