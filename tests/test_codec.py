@@ -28,6 +28,7 @@ from llmgw_twin.control.model import (
     ShardState,
     TraceEvent,
 )
+from llmgw_twin.control.topology import NodeTopology, TopologyRules
 from llmgw_twin.service.common import wire
 
 # The codec has no constraints of its own (those are the wire's): any text, any integer.
@@ -122,6 +123,8 @@ def test_decoding_is_strict_and_names_the_field() -> None:
 # (model, its record, fields it carries beyond the record, the record's fields it does not carry)
 WIRE_RECORDS: list[tuple[type[wire.Wire], type, set[str], set[str]]] = [
     (wire.NodeInfoW, NodeInfo, set(), set()),
+    (wire.NodeTopologyW, NodeTopology, set(), set()),
+    (wire.TopologyRulesW, TopologyRules, set(), set()),
     (wire.ShardSpecW, ShardSpec, set(), set()),
     (wire.ShardReportW, ShardReport, set(), set()),
     (wire.HeartbeatW, p.Heartbeat, set(), set()),

@@ -318,10 +318,22 @@ def test_a_store_written_in_todays_row_format_loads_the_same_state(
     spec_1 = SPEC_1_OLD.replace('"rank":1,', '"rank":1,"rank_ports":[],')
     ((rid, model, body),) = TODAYS_ROWS["replicas"]
     ((pname, pbody),) = TODAYS_ROWS["profiles"]
-    profile_row = (pname, str(pbody).replace('"nodes":2}', '"nodes":2,"start_timeout_ms":0}'))
+    # (and today's topology: none for a node, no rules for a profile)
+    profile_row = (
+        pname,
+        str(pbody).replace(
+            '"nodes":2}',
+            '"nodes":2,"start_timeout_ms":0,"topology":{"leaves":"any","nvlink":"any"}}',
+        ),
+    )
+    node_rows = [
+        (name, str(row).replace(f'"node":"{name}"}}', f'"node":"{name}","topology":null}}'))
+        for name, row in TODAYS_ROWS["nodes"]
+    ]
     rewritten = TODAYS_ROWS | {
         "replicas": [(rid, model, str(body).replace(SPEC_1_OLD, spec_1))],
         "profiles": [profile_row],
+        "nodes": node_rows,
     }
     raw = sqlite3.connect(again)
     for table, rows in rewritten.items():

@@ -18,6 +18,7 @@ from llmgw_twin.control.fits import FitRanking
 from llmgw_twin.control.model import EngineName, FabricId, NodeId, NodeInfo
 from llmgw_twin.control.room import Shape, capacity_of
 from llmgw_twin.control.stability import Stability
+from llmgw_twin.control.topology import NodeTopology
 
 _Key = tuple[FabricId, EngineName, bool]
 
@@ -241,6 +242,15 @@ class CapacityBook:
         """The schedulable (and not cordoned) nodes of `fabric`, by name."""
         members = self._members.get(fabric, ())
         return sorted(n for n in members if (c := self._nodes[n]).schedulable and not c.cordoned)
+
+    def topology_of(self, node: NodeId) -> NodeTopology | None:
+        """Where the node sits below its fabric and beside it, as it registered."""
+        cap = self._nodes.get(node)
+        return cap.info.topology if cap is not None else None
+
+    def version_of(self, fabric: FabricId) -> int:
+        """Bumped whenever a node of `fabric` enters, leaves or changes in the buckets."""
+        return self._version.get(fabric, 0)
 
     def fabric_of(self, node: NodeId) -> FabricId | None:
         cap = self._nodes.get(node)

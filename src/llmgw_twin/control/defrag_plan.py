@@ -19,6 +19,9 @@ A copy goes to its own fabric if it can: a replica's fabric was chosen for its d
 spread over failure domains. Only when no plan within fabrics exists may up to
 `defrag_moves_across_fabrics` copies go to another fabric, each wholly inside one; 0 keeps every
 move at home. No replica ever spans two fabrics, moved or not.
+
+A profile with topology rules (`topology.TopologyRules`) takes no part: no plan is made for one,
+and a replica of one is not moved (the planner reads fabric capacity only).
 """
 
 from __future__ import annotations
@@ -120,6 +123,9 @@ def plan_moves(
     such set is found within the budget. Moves within their fabric are tried first; then, if
     `across` > 0, sets in which up to `across` copies go to another fabric (each wholly in
     one). `tries` counts sets tried across calls."""
+    if target.topology.constrained:
+        return None
+    movable = [m for m in movable if not m.profile.topology.constrained]
     planner = _Planner(index, Shape.of(target), target_excluded, tries or [0])
     by_fabric: dict[FabricId, list[Movable]] = {}
     for m in sorted(movable, key=lambda m: (Shape.of(m.profile).size, m.id)):

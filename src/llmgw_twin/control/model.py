@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import NewType
 
+from llmgw_twin.control.topology import ANY, NodeTopology, TopologyRules
+
 NodeId = NewType("NodeId", str)
 FabricId = NewType("FabricId", str)
 ProfileName = NewType("ProfileName", str)
@@ -258,6 +260,8 @@ class NodeInfo:
     gpus: int
     gpu_memory_mib: int
     engines: tuple[EngineName, ...]
+    topology: NodeTopology | None = None
+    """Its leaf, spine and NVLink domain (`control/topology.py`); None: not known."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +277,8 @@ class Profile:
     args: tuple[str, ...] = ()
     start_timeout_ms: int = 0
     """Placement to ready at most this long; 0: twice the load time plus the start grace."""
+    topology: TopologyRules = ANY
+    """Placement rules per topology level (`control/topology.py`); `ANY`: none."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:

@@ -16,6 +16,9 @@ nodes x `g` GPUs:
    instability (`stability.py`: losses, reboots, unheard spells, decaying), then the name.
    The fabric ranking does not read instability: it only breaks ties between nodes.
 
+A profile with topology rules (an NVLink domain, one leaf, the fewest leaves) is placed by
+`topoplace.place_by_topology` instead; a profile without is placed exactly as above.
+
 Invariant: a placement's nodes are all in its fabric, each can run the profile's engine (linked
 to the fabric when the replica spans nodes) and has the GPUs it is given free.
 """
@@ -29,6 +32,7 @@ from llmgw_twin.control.capacity import CapacityBook
 from llmgw_twin.control.fits import FitRanking
 from llmgw_twin.control.model import FabricId, NodeId, Profile
 from llmgw_twin.control.room import Demand, Shape
+from llmgw_twin.control.topoplace import GroupCache, place_by_topology
 
 REASON_FABRICS = 6
 """An unplaceable reason names at most this many fabrics (the closest to fitting): its text
@@ -49,6 +53,11 @@ class Unplaceable:
 
 class CapacityIndex(CapacityBook):
     """The capacity book, and one fabric-aware placement on it (the module's text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._groups = GroupCache()
+        """The eligible groups of each fabric for ruled profiles (`topoplace.py`)."""
 
     # --- placement ---------------------------------------------------------------------------
 
@@ -99,6 +108,13 @@ class CapacityIndex(CapacityBook):
         `demand` is what the pass still has to place after this one (for room)."""
         shape = Shape.of(profile)
         spread = per_node or {}
+        if profile.topology.constrained:
+            found = place_by_topology(
+                self, profile, replicas_per_fabric, excluded, spread, demand, self._groups
+            )
+            if isinstance(found, str):
+                return Unplaceable(found)
+            return self._placement(found[0], found[1], shape)
         if not excluded and (demand is None or demand.slack()):
             # room is not scarce: no choice loses any, and the ranking answers at once
             fast = self._best_ranked(shape, replicas_per_fabric)

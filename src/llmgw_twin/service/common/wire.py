@@ -25,7 +25,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -52,6 +52,7 @@ from llmgw_twin.control.model import (
     ShardState,
     TraceEvent,
 )
+from llmgw_twin.control.topology import NodeTopology, TopologyRules
 from llmgw_twin.service.common import errors
 from llmgw_twin.service.common.limits import (
     MAX_ARGS,
@@ -179,12 +180,28 @@ def _check_chars(words: list[str], limit: int, what: str) -> list[str]:
     return words
 
 
+class NodeTopologyW(Mirror[NodeTopology]):
+    """Where a node sits below its fabric and beside it (`control/topology.py`)."""
+
+    leaf: Name | None = None
+    spine: Name | None = None
+    nvlink_domain: Name | None = None
+
+
+class TopologyRulesW(Mirror[TopologyRules]):
+    """A profile's placement rules per topology level."""
+
+    nvlink: Literal["any", "same_domain"] = "any"
+    leaves: Literal["any", "fewest", "same"] = "any"
+
+
 class NodeInfoW(Mirror[NodeInfo]):
     node: Name
     fabric: Name
     gpus: Annotated[int, Strict(), Field(ge=0, le=MAX_GPUS_PER_NODE)]
     gpu_memory_mib: Count
     engines: Annotated[list[Engine], Field(max_length=MAX_ENGINES)]
+    topology: NodeTopologyW | None = None
 
     @model_validator(mode="after")
     def _engines_known(self) -> NodeInfoW:
@@ -310,6 +327,7 @@ class ProfileW(Wire):
     load_time_ms: Count = 0
     start_timeout_ms: Count = 0
     args: Args = []
+    topology: TopologyRulesW = TopologyRulesW()
 
     @field_validator("args")
     @classmethod

@@ -59,6 +59,7 @@ from llmgw_twin.twin.scenario.timeexpr import (
     resolve_time,
     resolve_times,
 )
+from llmgw_twin.twin.scenario.topology import TopologyNames
 from llmgw_twin.units import fmt_ms
 
 MAX_TIME_LEN = MAX_NAME_LEN + 64
@@ -103,6 +104,8 @@ class Known:
     """Every `add_node` of the file (`shapes.prescan_added`); their names are in `node_gpus`."""
     profiles: dict[str, int] = field(default_factory=dict)
     """The profiles `profiles:` defines (what `set_profile` may name), each with its `nodes`."""
+    topology: TopologyNames = field(default_factory=TopologyNames)
+    """The leaves, spines and NVLink domains of `cluster.topology` (what topology faults name)."""
 
     def controller(self, node: Node, where: str, leader: bool = True) -> str:
         """A controller's name: `c1`..`cK` (and `leader`, where whichever leads is meant)."""

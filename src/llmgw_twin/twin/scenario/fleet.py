@@ -30,6 +30,7 @@ from llmgw_twin.control.model import (
     Profile,
     ProfileName,
 )
+from llmgw_twin.control.topology import TopologyRules
 from llmgw_twin.twin.scenario import yamlnodes as yn
 from llmgw_twin.twin.scenario.limits import (
     MAX_ARGS,
@@ -43,6 +44,7 @@ from llmgw_twin.twin.scenario.limits import (
     MAX_SHARDS,
     MAX_SHARDS_PER_REPLICA,
 )
+from llmgw_twin.twin.scenario.topology import load_rules
 
 NODE_KEYS = ("gpus", "gpu_memory", "engines")
 PROFILE_KEYS = (
@@ -53,6 +55,8 @@ PROFILE_KEYS = (
     "load_time",
     "args",
     "start_timeout",
+    "nvlink",
+    "leaves",
 )
 DEPLOYMENT_KEYS = ("model", "profile", "replicas")
 
@@ -98,7 +102,7 @@ def _engines(node: Node, where: str) -> tuple[EngineName, ...]:
 
 def load_cluster(node: Node) -> tuple[Fabrics, tuple[NodeInfo, ...]]:
     view = yn.MapView(node, "cluster")
-    view.check_keys(("fabrics", "nodes", "controllers"))
+    view.check_keys(("fabrics", "nodes", "controllers", "topology"))
     fabrics_view = yn.MapView(view.require("fabrics"), "cluster.fabrics")
     if not fabrics_view.entries:
         raise yn.Invalid.at(fabrics_view.node, "cluster.fabrics must list at least one fabric")
@@ -234,6 +238,7 @@ def load_profiles(node: Node) -> tuple[Profile, ...]:
         if args_node is not None:
             items = yn.items(args_node, f"{where}.args", MAX_ARGS)
             args = tuple(yn.text(a, f"{where}.args[{i}]") for i, a in enumerate(items))
+        nvlink, leaves = load_rules(p.get("nvlink"), p.get("leaves"), where)
         out.append(
             Profile(
                 ProfileName(name),
@@ -244,6 +249,7 @@ def load_profiles(node: Node) -> tuple[Profile, ...]:
                 load_ms,
                 args,
                 start_timeout_ms=timeout_ms,
+                topology=TopologyRules(nvlink, leaves),
             )
         )
     return tuple(out)

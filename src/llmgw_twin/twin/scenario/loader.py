@@ -47,6 +47,7 @@ from llmgw_twin.twin.scenario.limits import (
 )
 from llmgw_twin.twin.scenario.model import INVARIANTS, Fault, Scenario
 from llmgw_twin.twin.scenario.shapes import prescan_added
+from llmgw_twin.twin.scenario.topology import load_topology
 from llmgw_twin.twin.scenario.traffic import load_traffic
 from llmgw_twin.units import (
     SettingKey,
@@ -153,6 +154,8 @@ def _scenario(text: str, path: str) -> Scenario:
     timings_node = top.get("timings")
     timings = Timings() if timings_node is None else _timings(timings_node)
     fabrics, nodes = load_cluster(top.require("cluster"))
+    topology_node = yn.MapView(top.require("cluster"), "cluster").get("topology")
+    nodes, topology = load_topology(topology_node, nodes)
     controllers = load_controllers(top.require("cluster"))
     # nodes added at run time, read first: any fault or expectation may name them
     added = prescan_added(top.get("faults"), fabrics, nodes, node_defaults(top.require("cluster")))
@@ -190,6 +193,7 @@ def _scenario(text: str, path: str) -> Scenario:
         controllers=controllers,
         added=added,
         profiles={p.name: p.nodes for p in profiles},
+        topology=topology,
     )
     faults_node = top.get("faults")
     faults: tuple[Fault, ...] = ()
