@@ -45,6 +45,7 @@ SIMULATE, TRY, SERVICES, OPERATE, CREDENTIALS, SHELL = (
 GROUPS = (SIMULATE, TRY, SERVICES, OPERATE, CREDENTIALS, SHELL)
 
 _OPS = "llmgw_twin.service.ops"
+_LIVE = "llmgw_twin.live"
 COMMANDS: tuple[Command, ...] = (
     Command(
         RUN,
@@ -67,14 +68,14 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         ("what-if",),
-        "llmgw_twin.live.whatif",
+        f"{_LIVE}.whatif",
         "rehearse actions (drain, cordon, a node or fabric down, a scale) on a snapshot or a "
         "live controller's fleet, several seeds, and print what they would do",
         SIMULATE,
     ),
     Command(
         ("replay",),
-        "llmgw_twin.live.replay",
+        f"{_LIVE}.replay",
         "turn a controller's event log (a file or a live controller, a time window) into a "
         "scenario that reproduces the incident",
         SIMULATE,
@@ -120,8 +121,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         ("ctl", "cordon"),
-        f"{_OPS}.ctl_fleet:Cordon",
-        "take a node out of placement (what it runs keeps running)",
+        f"{_LIVE}.dryrun:Cordon",
+        "take a node out of placement (what it runs keeps running; --dry-run: rehearse it)",
         OPERATE,
     ),
     Command(
@@ -132,13 +133,20 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         ("ctl", "drain"),
-        f"{_OPS}.ctl_fleet:Drain",
-        "move every replica off a node, make-before-break, and keep it cordoned",
+        f"{_LIVE}.dryrun:Drain",
+        "move every replica off a node, make-before-break, and keep it cordoned "
+        "(--dry-run: rehearse it)",
+        OPERATE,
+    ),
+    Command(
+        ("ctl", "deployment", "set"),
+        f"{_LIVE}.dryrun:SetDeployment",
+        "scale a deployment or move it to another profile (--dry-run: rehearse it first)",
         OPERATE,
     ),
     Command(
         ("ctl", "deployment", "delete"),
-        f"{_OPS}.ctl_fleet:DeleteDeployment",
+        f"{_LIVE}.dryrun:DeleteDeployment",
         "delete a deployment: its replicas are retired",
         OPERATE,
     ),

@@ -1,5 +1,5 @@
-"""`llmgw-twin ctl cordon|uncordon|drain|explain|deployment delete|gpu clear`: the fleet's upkeep
-over the admin API (`service/controller/operator_api.py`).
+"""`llmgw-twin ctl cordon|uncordon|drain|explain|deployment set|delete|gpu clear`: the fleet's
+upkeep over the admin API (`service/controller/operator_api.py`).
 
 Each is one bounded call, as every `ctl` command (`ctl.py`: `--controller`, the admin token from
 `--token-file` or `$LLMGW_TWIN_TOKEN`, TLS flags; exit 0 answered, 1 refused, 2 unreachable),
@@ -9,6 +9,7 @@ empty (exit 0) or the wait is over (exit 1), printing each change.
 - `cordon NODE` / `uncordon NODE`: out of placement, or back in (which also ends a drain);
 - `drain NODE [--wait D]`: cordon it and move each replica off it, make-before-break;
 - `explain REPLICA`: where it is, or why it is pending and which fabrics could take it;
+- `deployment set MODEL [--replicas N] [--profile P]`: scale it, or move it to a profile;
 - `deployment delete MODEL`: retire every replica of it and forget it;
 - `gpu clear NODE GPU`: the GPU was repaired or replaced (`clear-gpu`, its old name, still runs).
 """
@@ -98,6 +99,50 @@ class DeleteDeployment(_OneCall):
         return f"deployment {answer['model']} deleted: {len(retired)} replica(s) retired" + (
             f" ({', '.join(retired)})" if retired else ""
         )
+
+
+class SetDeployment:
+    """Change a deployment's replica count or profile (what is not given stays as it is); a
+    model not yet deployed needs both."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("model")
+        parser.add_argument("--replicas", type=int, help="the replica count it should have")
+        parser.add_argument("--profile", help="the profile its replicas should run")
+        add_write_output(parser)
+        _common(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        if args.replicas is None and args.profile is None:
+            print("error: give --replicas N, --profile NAME, or both", file=sys.stderr)
+            return 2
+        if args.replicas is not None and args.replicas < 0:
+            print("error: --replicas is 0 or more", file=sys.stderr)
+            return 2
+        status, state = _request(args, "GET", "/v1/admin/state")
+        if status != 0:
+            return status
+        now = {d["model"]: d for d in state.get("deployments", [])}.get(args.model)
+        if now is None and (args.replicas is None or args.profile is None):
+            print(
+                f"error: no deployment '{args.model}': a new one needs --replicas and --profile",
+                file=sys.stderr,
+            )
+            return 1
+        was = now or {}
+        body = {
+            "profile": args.profile if args.profile is not None else was["profile"],
+            "replicas": args.replicas if args.replicas is not None else was["replicas"],
+        }
+        status, answer = _request(args, "PUT", f"/v1/admin/deployments/{args.model}", body=body)
+        if status == 0:
+            line = f"deployment {args.model}: {body['replicas']} replica(s) of {body['profile']}"
+            if answer.get("warnings"):
+                line += "; " + "; ".join(str(w) for w in answer["warnings"])
+            print_answer(args, answer, line if args.output not in ("json", "yaml") else "")
+        return status
 
 
 def _progress(answer: dict[str, Any]) -> str:

@@ -46,6 +46,9 @@ PAGE_CSS = """
 body { font: 13px/1.4 system-ui, sans-serif; margin: 0 16px 32px; color: #212121; }
 h1 { font-size: 20px; margin: 12px 0 4px; }
 h2 { font-size: 15px; margin: 20px 0 6px; }
+td.spark { width: 60%; } td.spark svg { width: 100%; height: 40px; display: block; }
+polyline { fill: none; stroke-width: 2; vector-effect: non-scaling-stroke; }
+polyline.serve { stroke: #2a7; } polyline.want { stroke: #999; stroke-dasharray: 4 3; }
 header dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 8px 0; }
 header dt { color: #616161; }
 header dd { margin: 0; font-family: ui-monospace, monospace; }

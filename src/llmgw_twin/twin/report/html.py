@@ -15,6 +15,8 @@ import shlex
 from collections.abc import Iterable
 
 from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.twin.report import capacity
+from llmgw_twin.twin.report.capacity import Series
 from llmgw_twin.twin.report.assets import LEGEND, PAGE_CSS, PAGE_JS
 from llmgw_twin.twin.report.lanes import Lane, Lanes, Mark, Seg, fault_id
 from llmgw_twin.twin.report.text import describe
@@ -265,6 +267,42 @@ class _Page:
             )
         return _table("requests", ("model", *(k.replace("_", " ") for k in keys)), rows)
 
+    def capacity(self) -> str:
+        """Per model, a step line of the replicas serving (solid) and wanted (dashed)."""
+        want = capacity.wanted(self.sc)
+        serve = capacity.serving(self.result.trace, list(want))
+        rows = []
+        for model in sorted(serve):
+            s, w = serve[model], want.get(model, [(0, 0)])
+            top = max(*(c for _, c in s), *(c for _, c in w), 1)
+            line = capacity.shortfall(s, w, 0, self.dur, model)
+            tip = (
+                f"{model}: at least {line.least} serving (wanted {line.wanted_then}) at "
+                f"{fmt_ms(line.least_at_ms)}; short of its count for {fmt_duration(line.short_ms)}"
+            )
+            svg = (
+                f'<svg viewBox="0 0 1000 40" preserveAspectRatio="none" role="img" '
+                f'aria-label="{esc(tip)}"><polyline class="want" points="{self._steps(w, top)}"/>'
+                f'<polyline class="serve" points="{self._steps(s, top)}"/></svg>'
+            )
+            cells = f'<td>{esc(model)}</td><td>{esc(tip)}</td><td class="spark">{svg}</td>'
+            rows.append(tag("tr", {"class": "caprow", "data-model": model}, cells))
+        if not rows:
+            return ""
+        return _table("capacity", ("model", "serving replicas", "over the run"), rows)
+
+    def _steps(self, series: Series, top: int) -> str:
+        points, last = [], None
+        for t, c in series:
+            x = min(t, self.dur) * 1000 / self.dur
+            y = 38 - c * 36 / top
+            if last is not None:
+                points.append(f"{x:.1f},{last:.1f}")
+            points.append(f"{x:.1f},{y:.1f}")
+            last = y
+        points.append(f"1000,{last:.1f}")
+        return " ".join(points)
+
     def trace(self) -> str:
         rows = []
         for ev in self.result.trace:
@@ -311,6 +349,7 @@ def render_html(result: RunResult) -> str:
         + timeline
         + page.expectations()
         + page.invariants()
+        + page.capacity()
         + page.requests()
         + page.trace()
     )

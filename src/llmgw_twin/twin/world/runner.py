@@ -68,6 +68,11 @@ class RunResult:
     requests: dict[str, dict[str, int]] | None = None
     """Per model with traffic: sent, served, failed, failed in flight (`world/traffic.py`); None
     without traffic."""
+    failed_at: dict[str, tuple[int, ...]] | None = None
+    """Per model with traffic, the arrival time of each failed request, in order (None without
+    traffic): what failed in a span of the run (`what-if` counts those after its actions)."""
+    sent_at: dict[str, tuple[int, ...]] | None = None
+    """Per model with traffic, the arrival time of every request, in order."""
 
     @property
     def passed(self) -> bool:
@@ -200,4 +205,10 @@ def _run(
         engine_starts=world.engine_starts,
         engine_starts_by_ms=tuple(world.engine_start_times),
         requests=None if shell.traffic is None else shell.traffic.report(),
+        failed_at=None
+        if shell.traffic is None
+        else {m: tuple(c.failed_at) for m, c in shell.traffic.counts.items()},
+        sent_at=None
+        if shell.traffic is None
+        else {m: tuple(c.arrivals) for m, c in shell.traffic.counts.items()},
     )
