@@ -434,6 +434,8 @@ class ControllerRuntime(AdminCalls):
                 "next_reconcile_ms": self.core.reconcile_due_ms,
             }
         )
+        # the requests this controller served itself, per second by model over five minutes
+        out["request_rates"] = self.forwarder.metrics.recent.per_second()
         lease = self.store.lease()
         store_now = self.store.now_ms()
         out["leadership"] = {

@@ -34,6 +34,9 @@ from llmgw_twin.service.ops.ctl import TIMEOUT_S, CtlError, _common, _headers, _
 from llmgw_twin.units import fmt_duration, setting_keys
 
 REDACTED = "REDACTED"
+ROUTER_KEY_ENV = "LLMGW_TWIN_API_KEY"
+SNAPSHOT_TOKENS = 32
+"""The tokens a snapshot's traffic asks per request: the services count requests, not tokens."""
 _SECRET_FLAG = re.compile(
     r"--?[A-Za-z0-9_-]*(key|token|secret|password|passwd)[A-Za-z0-9_-]*", re.I
 )
@@ -60,6 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration", default="10m", help="how long the twin runs from the snapshot (default 10m)"
     )
     parser.add_argument("--seed", type=int, default=0, help="the scenario's seed (default 0)")
+    parser.add_argument(
+        "--router",
+        default="",
+        help="routers whose recent request rates (five minutes) join the controller's own in "
+        "the file's traffic, comma-separated URLs",
+    )
+    parser.add_argument(
+        "--router-key-file",
+        type=Path,
+        help=f"a file holding an API key the routers take (else ${ROUTER_KEY_ENV}, if set)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -68,6 +82,7 @@ def main(args: argparse.Namespace) -> int:
 
         duration_ms = parse_duration(str(args.duration))
         state = fetch_state(args)
+        state["request_rates"] = rates_of(state, router_rates(args))
         text = scenario_text(state, args.name, duration_ms, args.seed, str(args.controller))
         write_atomically(args.out, text)
     except (SnapshotError, ValueError) as e:
@@ -115,6 +130,65 @@ def fetch_state(args: argparse.Namespace) -> dict[str, Any]:
                 "before snapshots)"
             )
     return answer
+
+
+def router_rates(args: argparse.Namespace) -> list[dict[str, float]]:
+    """Each router's recent request rates by model (`GET /v1/router/state`)."""
+    urls = [u.strip().rstrip("/") for u in str(getattr(args, "router", "") or "").split(",")]
+    urls = [u for u in urls if u]
+    if not urls:
+        return []
+    key = os.environ.get(ROUTER_KEY_ENV, "")
+    if getattr(args, "router_key_file", None) is not None:
+        try:
+            key = args.router_key_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise SnapshotError(f"cannot read {args.router_key_file}: {e.strerror or e}") from None
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    out = []
+    verify = ClientTls(args.ca, args.cert, args.key or args.cert).context()
+    with httpx.Client(timeout=TIMEOUT_S, trust_env=False, verify=verify) as client:
+        for url in urls:
+            try:
+                reply = client.get(f"{url}/v1/router/state", headers=headers)
+            except httpx.HTTPError as e:
+                raise SnapshotError(f"cannot reach the router at {url}: {e}") from None
+            if reply.status_code in (401, 403):
+                raise SnapshotError(
+                    f"the router at {url} refused the key ({reply.status_code}): give one it "
+                    f"takes in --router-key-file or ${ROUTER_KEY_ENV}"
+                )
+            try:
+                rates = reply.json().get("request_rates") if reply.is_success else None
+            except ValueError:
+                rates = None
+            if not isinstance(rates, dict):
+                raise SnapshotError(
+                    f"the router at {url} answered {reply.status_code} with no request rates"
+                )
+            out.append({str(m): float(r) for m, r in rates.items()})
+    return out
+
+
+def rates_of(state: dict[str, Any], routers: list[dict[str, float]]) -> dict[str, float]:
+    """Requests per second by deployed model: the controller's own and every router's."""
+    deployed = {str(d["model"]) for d in state["deployments"]}
+    total: dict[str, float] = {}
+    for rates in [state.get("request_rates") or {}, *routers]:
+        for model, rate in rates.items():
+            if model in deployed and float(rate) > 0:
+                total[model] = total.get(model, 0.0) + float(rate)
+    return total
+
+
+def rate_text(per_s: float) -> str:
+    """A rate as the scenario file writes it (`R/s`, `R/min` or `R/h`, six decimals at most)."""
+    for unit, scale in (("s", 1), ("min", 60), ("h", 3600)):
+        value = per_s * scale
+        if value >= 1 or unit == "h":
+            text = f"{value:.6f}".rstrip("0").rstrip(".")
+            return f"{text}/{unit}"
+    raise AssertionError("unreachable")
 
 
 def redact(args: list[str]) -> list[str]:
@@ -246,6 +320,14 @@ def scenario(state: dict[str, Any], name: str, duration_ms: int, seed: int) -> d
         {"model": d["model"], "profile": d["profile"], "replicas": int(d["replicas"])}
         for d in sorted(state["deployments"], key=lambda d: d["model"])
     ]
+    rates = state.get("request_rates") or {}
+    traffic = [
+        {"model": m, "rate": rate_text(float(r)), "tokens": SNAPSHOT_TOKENS}
+        for m, r in sorted(rates.items())
+        if float(r) * 3600 >= 0.000001
+    ]
+    if traffic:
+        out["traffic"] = traffic
     out["initial"] = initial
     return out
 

@@ -111,6 +111,8 @@ class RouterRuntime:
             "retried": f.retried,
             "failed_attempts": f.failed,
             "cut_streams": f.cut,
+            # requests per second by model, over the last five minutes (`llmgw-twin snapshot`)
+            "request_rates": f.metrics.recent.per_second(),
         }
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from fastapi.responses import Response
@@ -56,9 +56,54 @@ CLIENT_CLOSED = 499
 """The status counted for a request whose client went away before its answer (nginx's)."""
 
 
+RATE_BUCKET_S = 10
+RATE_BUCKETS = 30
+"""The recent request rate is counted over the last `RATE_BUCKETS` buckets of `RATE_BUCKET_S`
+seconds (five minutes): what `llmgw-twin snapshot` writes as the fleet's traffic."""
+
+
+class RecentRate:
+    """Requests per model over the last five minutes, in ten-second buckets: a fixed ring per
+    model, so its memory is bounded by the deployed models (labels are bounded, above)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since = clock()
+        self._rings: dict[str, list[int]] = {}
+        self._slot: dict[str, int] = {}
+        """model -> the absolute bucket number its ring's last write was in"""
+
+    def _advance(self, model: str, now_slot: int) -> list[int]:
+        ring = self._rings.setdefault(model, [0] * RATE_BUCKETS)
+        last = self._slot.get(model, now_slot)
+        for s in range(max(last + 1, now_slot - RATE_BUCKETS + 1), now_slot + 1):
+            ring[s % RATE_BUCKETS] = 0
+        self._slot[model] = now_slot
+        return ring
+
+    def count(self, model: str) -> None:
+        if not model:
+            return
+        slot = int(self._clock() // RATE_BUCKET_S)
+        self._advance(model, slot)[slot % RATE_BUCKETS] += 1
+
+    def per_second(self) -> dict[str, float]:
+        """Each model's requests per second over the window (or since the start, if shorter)."""
+        now = self._clock()
+        slot = int(now // RATE_BUCKET_S)
+        span = min(float(RATE_BUCKET_S * RATE_BUCKETS), max(now - self._since, 1.0))
+        out = {}
+        for model in sorted(self._rings):
+            n = sum(self._advance(model, slot))
+            if n:
+                out[model] = n / span
+        return out
+
+
 class RequestMetrics:
     def __init__(self, forwarder: Forwarder) -> None:
         self._forwarder = forwarder
+        self.recent = RecentRate()
         self.in_flight = 0
         self.requests: Counter[tuple[str, str, str]] = Counter()
         """(model, code, outcome) -> requests ended so far"""
@@ -168,6 +213,7 @@ class RequestWatch:
         m = self._metrics
         m.in_flight -= 1
         m.requests[(self.model, str(status), outcome)] += 1
+        m.recent.count(self.model)
         if timed:
             m.duration.labels(self.model).observe(now - self._start)
 
