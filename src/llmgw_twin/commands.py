@@ -81,6 +81,13 @@ COMMANDS: tuple[Command, ...] = (
         SIMULATE,
     ),
     Command(
+        ("topology", "import"),
+        "llmgw_twin.twin.scenario.topo_import",
+        "print a scenario's cluster section (fabric, leaves, spines, NVLink domains) from "
+        "ibnetdiscover output or Topograph's node labels (docs/topology.md)",
+        SIMULATE,
+    ),
+    Command(
         ("demo",),
         "llmgw_twin.realmode.demo",
         "a controller, four nodes on two fabrics and a deployment on this machine; "
