@@ -111,6 +111,9 @@ def engine_binaries() -> dict[str, dict[str, str]]:
 
 
 Progress = Callable[[str], None]
+Alongside = Callable[[RealCluster, Callable[[], int]], None]
+"""Work done beside a run, in a thread of its own, from the run's time zero (the cluster and
+the run's clock, in ms): an operator's calls to the live fleet while the scenario runs."""
 
 
 class RealRun:
@@ -121,8 +124,10 @@ class RealRun:
         progress: Progress | None = None,
         tolerance_ms: int = 0,
         env: Mapping[str, str] | None = None,
+        alongside: Alongside | None = None,
     ) -> None:
         self.scenario = scenario
+        self.alongside = alongside
         self.tolerance_ms = tolerance_ms
         shown = progress or (lambda _line: None)
         self._said_at = time.monotonic()
@@ -188,6 +193,11 @@ class RealRun:
                 self._judge_states(client),
                 self.traffic.run(),
                 *([leaders.track(client, self.scenario.duration_ms, POLL_S)] if leaders else []),
+                *(
+                    [asyncio.to_thread(self.alongside, cluster, self.now_ms)]
+                    if self.alongside
+                    else []
+                ),
             )
             self.injector.cancel()
             await self._collect(client)
@@ -362,10 +372,12 @@ def run_real(
     time_scale: float = 0.1,
     tolerance_ms: int = 2_000,
     progress: Progress | None = None,
+    alongside: Alongside | None = None,
 ) -> RealResult:
     """Run `scenario` on real processes, every duration times `time_scale`; `progress` gets a
-    line per event as the run goes. Raises `Interrupted` after a stop signal, once every process
-    the run started is ended and its temporary folder removed."""
+    line per event as the run goes; `alongside`, if given, runs beside the timeline from time
+    zero (its error ends the run, after every process is stopped). Raises `Interrupted` after a
+    stop signal, once every process the run started is ended and its temporary folder removed."""
     check_real_supported(scenario)
     scaled = widen(scale_scenario(scenario, time_scale), tolerance_ms)
     stopper = Stopper()
@@ -377,7 +389,7 @@ def run_real(
         ):
             keeper = Keeper(Path(tmp))  # ends the run's processes if this one is SIGKILLed
             result = _run_cluster(
-                RealRun(scaled, Path(tmp), progress, tolerance_ms, keeper.env()),
+                RealRun(scaled, Path(tmp), progress, tolerance_ms, keeper.env(), alongside),
                 stopper,
                 time_scale,
                 tolerance_ms,
