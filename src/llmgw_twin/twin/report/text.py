@@ -49,6 +49,7 @@ def to_json(result: RunResult, wall_ms: int) -> dict[str, Any]:
         "events": [ev.as_dict() for ev in result.trace],
         **judged_json(result.expectations, result.invariants),
         **({} if result.requests is None else {"requests": result.requests}),
+        **({} if result.latency is None else {"latency": result.latency}),
     }
 
 
@@ -64,6 +65,21 @@ def requests_lines(requests: dict[str, dict[str, int]] | None) -> list[str]:
             f"{c['failed_no_replica']} with no replica to take them), {c['retried']} retried"
         )
         lines.append(line + (f", {c['ejections']} ejections" if "ejections" in c else ""))
+    return lines
+
+
+def latency_lines(latency: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The timeline's latency figures, one line per model (`world/latency.py`)."""
+    if not latency:
+        return []
+    lines = ["latency (ms)"]
+    for model, c in latency.items():
+        ttft, e2e, queued = c["ttft_ms"], c["e2e_ms"], c["queued_ms"]
+        lines.append(
+            f"  {model}: TTFT p50 {ttft['p50']:g} p99 {ttft['p99']:g}, end-to-end p50 "
+            f"{e2e['p50']:g} p99 {e2e['p99']:g}, queued p99 {queued['p99']:g}, "
+            f"goodput {c['goodput_per_s']:g}/s"
+        )
     return lines
 
 
@@ -139,6 +155,7 @@ def timeline(result: RunResult, wall_ms: int) -> str:
         if isinstance(argv, tuple) and argv:
             lines.append(f"  {'':>13}  {'':<20} $ {shlex.join(str(a) for a in argv)}")
     lines.extend(requests_lines(result.requests))
+    lines.extend(latency_lines(result.latency))
     lines.extend(judged_lines(result.expectations, result.invariants))
     lines.append(verdict(result, wall_ms))
     return "\n".join(lines)

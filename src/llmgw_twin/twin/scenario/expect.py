@@ -38,6 +38,7 @@ from llmgw_twin.twin.scenario.model import (
     RequestsExpectation,
     StateExpectation,
 )
+from llmgw_twin.twin.scenario.workload import load_slo
 from llmgw_twin.units import fmt_ms
 
 LIST_SUBJECTS = ("nodes", "argv")
@@ -55,12 +56,13 @@ def load_expectations(node: Node, known: Known) -> tuple[Expectation, ...]:
     for i, item in enumerate(yn.items(node, "expect", MAX_EXPECTATIONS)):
         where = f"expect[{i}]"
         view = yn.MapView(item, where)
-        kinds = [view.entry(k).key_node for k in ("event", "at", "requests") if view.has(k)]
+        kinds = [view.entry(k).key_node for k in ("event", "at", "requests", "slo") if view.has(k)]
         if len(kinds) > 1:
             raise yn.Invalid.at(
                 max(kinds, key=yn.line_col),
-                f"{where} has more than one of 'event', 'at' and 'requests' (an item checks "
-                "events in a window, the state at a time, or the requests that failed)",
+                f"{where} has more than one of 'event', 'at' and 'requests' (or 'slo'): an item "
+                "checks events in a window, the state at a time, the requests that failed, or "
+                "their latency",
             )
         if view.has("event"):
             out.append(_event(view, where, known))
@@ -68,11 +70,19 @@ def load_expectations(node: Node, known: Known) -> tuple[Expectation, ...]:
             out.append(_state(view, where, known))
         elif view.has("requests"):
             out.append(_requests(view, where, known))
+        elif view.has("slo"):
+            view.check_keys(("slo", "within"))
+            window = (0, known.duration_ms, "")
+            if view.has("within"):
+                start_ms, end_ms, first, last = _window(view, where, known)
+                window = (start_ms, end_ms, f" within [{first}, {last}]")
+            out.append(load_slo(view.require("slo"), where, known, window))
         else:
             raise yn.Invalid.at(
                 item,
                 f"{where} needs 'event: KIND' (events in a window), 'at: TIME' "
-                "(the state at a time) or 'requests: {model, failed_max}'",
+                "(the state at a time), 'requests: {model, failed_max}' or "
+                "'slo: {model, ttft_p99, attainment}'",
             )
     return tuple(out)
 

@@ -49,6 +49,7 @@ from llmgw_twin.twin.scenario.model import INVARIANTS, Fault, Scenario
 from llmgw_twin.twin.scenario.shapes import prescan_added
 from llmgw_twin.twin.scenario.topology import load_topology
 from llmgw_twin.twin.scenario.traffic import load_traffic
+from llmgw_twin.twin.scenario.workload import load_engine_model
 from llmgw_twin.units import (
     SettingKey,
     fmt_ms,
@@ -70,6 +71,7 @@ TOP_KEYS = (
     "deployments",
     "faults",
     "traffic",
+    "engine_model",
     "expect",
     "invariants",
     "initial",
@@ -200,7 +202,10 @@ def _scenario(text: str, path: str) -> Scenario:
     if faults_node is not None:
         faults, known = load_faults(faults_node, known)
     traffic_node = top.get("traffic")
-    traffic = () if traffic_node is None else load_traffic(traffic_node, known)
+    base_dir = Path(path).parent
+    traffic = () if traffic_node is None else load_traffic(traffic_node, known, base_dir)
+    engine_node = top.get("engine_model")
+    engine_model = () if engine_node is None else load_engine_model(engine_node, known)
     known = replace(known, traffic=dict.fromkeys(t.model for t in traffic))
     expect_node = top.get("expect")
     expectations = () if expect_node is None else load_expectations(expect_node, known)
@@ -224,6 +229,7 @@ def _scenario(text: str, path: str) -> Scenario:
         faults=faults,
         expectations=expectations,
         traffic=traffic,
+        engine_model=engine_model,
         invariants_off=invariants_off,
         controllers=controllers,
         initial=initial,

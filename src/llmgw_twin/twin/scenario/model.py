@@ -21,6 +21,7 @@ from llmgw_twin.control.model import (
     Timings,
 )
 from llmgw_twin.twin.scenario.initial_model import Initial
+from llmgw_twin.twin.scenario.workload_model import EngineModel, SloExpectation, Workload
 
 # --- faults ----------------------------------------------------------------------------------
 
@@ -355,7 +356,7 @@ class RequestsExpectation:
     text: str = ""
 
 
-Expectation = EventExpectation | StateExpectation | RequestsExpectation
+Expectation = EventExpectation | StateExpectation | RequestsExpectation | SloExpectation
 
 
 # --- traffic ---------------------------------------------------------------------------------
@@ -371,6 +372,8 @@ class Traffic:
     every_ms: int
     tokens: int
     line: int = 0
+    workload: Workload | None = None
+    """Rate shapes, token lengths or a trace (`workload_model.py`); None: the contract's item."""
 
     def arrival_ms(self, i: int) -> int:
         """When request `i` (from 0) arrives."""
@@ -416,6 +419,8 @@ class Scenario:
     """Invariant name -> the reason it is off."""
     controllers: int = 1
     """Controller processes on the one store (`c1`..`cK`); c1 starts first and leads first."""
+    engine_model: tuple[EngineModel, ...] = ()
+    """Profiles whose replicas serve with the engine performance model (`engine_model:`)."""
     initial: Initial | None = None
     """The state the fleet starts in (`initial`, `twin/scenario/initial.py`); None: empty nodes
     and a controller that places every deployment from scratch."""

@@ -51,6 +51,7 @@ from llmgw_twin.twin.scenario.model import (
     StoreDown,
     Traffic,
 )
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.units import setting_keys
 
 _TIMING_KEYS = setting_keys(Timings)
@@ -103,7 +104,7 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
 
 
 def _expectation(exp: Expectation, factor: float) -> Expectation:
-    if isinstance(exp, EventExpectation | RequestsExpectation):
+    if isinstance(exp, EventExpectation | RequestsExpectation | SloExpectation):
         return replace(exp, start_ms=_ms(exp.start_ms, factor), end_ms=_ms(exp.end_ms, factor))
     return replace(exp, at_ms=_ms(exp.at_ms, factor))
 
@@ -112,7 +113,19 @@ def _traffic(traffic: Traffic, factor: float) -> Traffic:
     """The same requests over the scaled run: the interval between them scales."""
     ratio = Fraction(traffic.every_ms) * Fraction(factor) / traffic.count
     ratio = max(ratio.limit_denominator(1_000_000), Fraction(1, MAX_RATE_PER_S // 1_000))
-    return replace(traffic, count=ratio.denominator, every_ms=ratio.numerator)
+    wl = traffic.workload
+    if wl is not None and wl.trace is None:  # a trace is replayed as recorded
+        wl = replace(
+            wl,
+            diurnal=None
+            if wl.diurnal is None
+            else replace(wl.diurnal, period_ms=_ms(wl.diurnal.period_ms, factor, 1)),
+            bursts=tuple(
+                replace(b, start_ms=_ms(b.start_ms, factor), end_ms=_ms(b.end_ms, factor))
+                for b in wl.bursts
+            ),
+        )
+    return replace(traffic, count=ratio.denominator, every_ms=ratio.numerator, workload=wl)
 
 
 def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
@@ -162,7 +175,7 @@ def widen(scenario: Scenario, tolerance_ms: int) -> Scenario:
     def one(exp: Expectation) -> Expectation:
         if isinstance(exp, StateExpectation):
             return exp
-        if isinstance(exp, RequestsExpectation) or exp.never:
+        if isinstance(exp, RequestsExpectation | SloExpectation) or exp.never:
             start, end = exp.start_ms + tolerance_ms, exp.end_ms - tolerance_ms
             if start > end:
                 start = end = (exp.start_ms + exp.end_ms) // 2

@@ -26,6 +26,7 @@ from llmgw_twin.twin.scenario.model import (
     Scenario,
     StateExpectation,
 )
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.world.controller import ControllerShell
 from llmgw_twin.twin.world.expect import (
     Outcome,
@@ -36,6 +37,7 @@ from llmgw_twin.twin.world.expect import (
 )
 from llmgw_twin.twin.world.faults import schedule_faults
 from llmgw_twin.twin.world.initial import InitialShell, boot_nodes
+from llmgw_twin.twin.world.latency import judge_slo
 from llmgw_twin.twin.world.network import Network
 from llmgw_twin.twin.world.sim import World
 
@@ -68,6 +70,9 @@ class RunResult:
     requests: dict[str, dict[str, int]] | None = None
     """Per model with traffic: sent, served, failed, failed in flight (`world/traffic.py`); None
     without traffic."""
+    latency: dict[str, dict[str, object]] | None = None
+    """Per model with traffic: TTFT, end-to-end, queueing and between-token percentiles, goodput
+    (`world/latency.py`); None unless the scenario uses the workload additions."""
     failed_at: dict[str, tuple[int, ...]] | None = None
     """Per model with traffic, the arrival time of each failed request, in order (None without
     traffic): what failed in a span of the run (`what-if` counts those after its actions)."""
@@ -184,6 +189,11 @@ def _run(
             counts = shell.traffic.counts[exp.model]
             clock = anchored(exp.text, scenario.faults)
             outcomes[i] = judge_requests(exp, counts.arrivals, counts.failed_at, clock)
+        elif isinstance(exp, SloExpectation):
+            assert shell.traffic is not None and shell.traffic.latencies is not None
+            clock = anchored(exp.text, scenario.faults)
+            arrivals = shell.traffic.counts[exp.model].arrivals
+            outcomes[i] = judge_slo(exp, shell.traffic.latencies, arrivals, clock)
     off = dict(scenario.invariants_off)
     invariants = tuple(
         InvariantResult(
@@ -205,6 +215,7 @@ def _run(
         engine_starts=world.engine_starts,
         engine_starts_by_ms=tuple(world.engine_start_times),
         requests=None if shell.traffic is None else shell.traffic.report(),
+        latency=None if shell.traffic is None else shell.traffic.latency_report(),
         failed_at=None
         if shell.traffic is None
         else {m: tuple(c.failed_at) for m, c in shell.traffic.counts.items()},

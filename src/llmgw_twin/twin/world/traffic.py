@@ -20,20 +20,34 @@ back to the routing core (passive ejection).
 
 Requests are counted by model and by arrival: sent, served, failed, and failed in flight (the
 request was accepted by a replica that then died under it, and it still failed).
+
+Requests arrive as `scenario/arrivals.py` says (the contract's even spacing, rate shapes, or a
+trace). A replica whose profile the scenario names under `engine_model` answers through its
+batch (`serving.py`): a request waits for the batch's answer instead of the fixed time, gives up
+at the first-byte timeout (leaving the batch), and one too large for its cache fails at once. When
+the scenario uses any of these additions, every served request's latency is recorded
+(`latency.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from fractions import Fraction
 
 from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import ModelName, ReplicaId, ReplicaState, ShardKey
+from llmgw_twin.control.model import ModelName, ProfileName, ReplicaId, ReplicaState, ShardKey
 from llmgw_twin.control.routing import Router, RouterTimeouts, snapshot_of
+from llmgw_twin.engines.perf.model import Served
+from llmgw_twin.twin.scenario.arrivals import Arrival, arrivals
 from llmgw_twin.twin.scenario.model import Scenario, Traffic
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.world.checks import Invariants
+from llmgw_twin.twin.world.latency import Latencies, Sample
 from llmgw_twin.twin.world.node import SimEngine, SimNode
+from llmgw_twin.twin.world.serving import ModelServing
 from llmgw_twin.twin.world.sim import World
 
 FIRST_TOKEN_MS = 20
@@ -80,7 +94,7 @@ class _Pending:
     """An attempt a replica accepted."""
 
     traffic: Traffic
-    arrived: int
+    req: Arrival
     replica: ReplicaId
     retry: bool  # a failure may still be retried
     done: bool = False
@@ -110,8 +124,20 @@ class TrafficRouter:
         self._inflight: dict[ReplicaId, list[_Pending]] = {}
         """Requests a replica has accepted and not answered yet."""
         world.on_engine_stopped = self.engine_stopped
+        perf = {m.profile: m.perf for m in scenario.engine_model}
+        self.serving = ModelServing(world, perf) if perf else None
+        opted_in = (
+            bool(perf)
+            or any(t.workload is not None for t in scenario.traffic)
+            or any(isinstance(e, SloExpectation) for e in scenario.expectations)
+        )
+        self._slos = tuple(e for e in scenario.expectations if isinstance(e, SloExpectation))
+        self.latencies: Latencies | None = Latencies() if opted_in else None
+        """Every served request's times, when the scenario uses the workload additions."""
+        # the traffic's own random streams, seeded from the run's without drawing from it
+        seed = hashlib.sha256(repr(world.rng.getstate()).encode()).hexdigest()[:16]
         for traffic in scenario.traffic:
-            self._next(traffic, 0)
+            self._next(traffic, arrivals(traffic, self._end_ms, seed))
 
     # --- following the controller --------------------------------------------------------------
 
@@ -137,23 +163,23 @@ class TrafficRouter:
 
     # --- clients -------------------------------------------------------------------------------
 
-    def _next(self, traffic: Traffic, i: int) -> None:
-        at = traffic.arrival_ms(i)
-        if at > self._end_ms:
+    def _next(self, traffic: Traffic, upcoming: Iterator[Arrival]) -> None:
+        req = next(upcoming, None)
+        if req is None:
             return
 
         def arrive() -> None:
-            self._next(traffic, i + 1)
-            self._request(traffic, at)
+            self._next(traffic, upcoming)
+            self._request(traffic, req)
 
-        self.world.later(at - self.world.now, arrive)
+        self.world.later(req.at_ms - self.world.now, arrive)
 
-    def _request(self, traffic: Traffic, arrived: int) -> None:
+    def _request(self, traffic: Traffic, req: Arrival) -> None:
         counts = self.counts[traffic.model]
-        counts.arrivals.append(arrived)
-        self._attempt(traffic, arrived, first=None, died=False)
+        counts.arrivals.append(req.at_ms)
+        self._attempt(traffic, req, first=None, died=False)
 
-    def _attempt(self, traffic: Traffic, arrived: int, first: ReplicaId | None, died: bool) -> None:
+    def _attempt(self, traffic: Traffic, req: Arrival, first: ReplicaId | None, died: bool) -> None:
         """One try of a request; `first` is the replica a retry must avoid, `died` whether the
         request was on a replica that died under it."""
         counts = self.counts[traffic.model]
@@ -161,7 +187,7 @@ class TrafficRouter:
         exclude = () if first is None else (first,)
         route = self.router.pick(traffic.model, now, exclude)
         if route is None:
-            counts.failed_at.append(arrived)
+            counts.failed_at.append(req.at_ms)
             counts.no_replica += 1
             counts.in_flight += died
             return
@@ -174,22 +200,24 @@ class TrafficRouter:
                 Answer.UNREACHABLE: self.timeouts.connect_ms,
                 Answer.STALLED: self.timeouts.first_byte_ms,
             }[answer]
-            self.world.later(
-                delay, lambda: self._failed(traffic, arrived, route.replica, retry, died)
-            )
+            self.world.later(delay, lambda: self._failed(traffic, req, route.replica, retry, died))
             return
-        pending = _Pending(traffic, arrived, route.replica, retry)
+        pending = _Pending(traffic, req, route.replica, retry)
         self._inflight.setdefault(route.replica, []).append(pending)
+        rec = self._core().replica(route.replica)
+        if self.serving is not None and rec is not None and self.serving.serves(rec.profile.name):
+            self._batched(pending, engines, rec.profile.name, died)
+            return
         # a replica runs at the pace of its slowest node (`slow_node`): a straggler's answer
         # later than the client's first-byte budget is given up on then (not a replica that died)
-        work_ms = FIRST_TOKEN_MS + TOKEN_MS * max(traffic.tokens - 1, 0)
+        work_ms = FIRST_TOKEN_MS + TOKEN_MS * max(req.output_tokens - 1, 0)
         done_ms = max(node.slowed(work_ms) for node, _, _ in engines)
         if done_ms > self.timeouts.first_byte_ms:
 
             def too_slow() -> None:
                 if not pending.done:
                     self._settle(pending)
-                    self._failed(traffic, arrived, route.replica, retry, False)
+                    self._failed(traffic, req, route.replica, retry, False)
 
             self.world.later(self.timeouts.first_byte_ms, too_slow)
             return
@@ -202,23 +230,96 @@ class TrafficRouter:
                 return
             self._settle(pending)
             self._finished(traffic.model, route.replica, True)
+            if self.latencies is not None:
+                first_ms = max(node.slowed(FIRST_TOKEN_MS) for node, _, _ in engines)
+                self._record(traffic, req, now + first_ms, now + done_ms, 0, req.output_tokens)
 
         def give_up() -> None:
             if not pending.done:
                 self._settle(pending)
-                self._failed(traffic, arrived, route.replica, retry, True)
+                self._failed(traffic, req, route.replica, retry, True)
 
         self.world.later(done_ms, complete)
+
+    def _batched(
+        self, pending: _Pending, engines: _Engines, profile: ProfileName, died: bool
+    ) -> None:
+        """An accepted request served by its replica's batch (`serving.py`)."""
+        assert self.serving is not None
+        traffic, req, rid = pending.traffic, pending.req, pending.replica
+        slow = max(max(node.slow, default=Fraction(1)) for node, _, _ in engines)
+
+        def answered(served: Served) -> None:
+            if pending.done or _broken(engines, self.world):
+                return  # failed already, or silent since: the first-byte timeout ends it
+            self._settle(pending)
+            self._finished(traffic.model, rid, True)
+            if self.latencies is not None:
+                self.latencies.add(
+                    traffic.model,
+                    Sample(
+                        req.at_ms,
+                        served.first_token_us - req.at_ms * 1000,
+                        served.done_us - req.at_ms * 1000,
+                        served.queued_us,
+                        served.tbt_us,
+                    ),
+                )
+
+        key = self.serving.submit(rid, profile, slow, req.input_tokens, req.output_tokens, answered)
+        if key is None:  # it can never fit the cache: the engine refuses it (a 400, not retried)
+            self._settle(pending)
+            self._finished(traffic.model, rid, True)
+            counts = self.counts[traffic.model]
+            counts.failed_at.append(req.at_ms)
+            counts.in_flight += died
+            return
+
+        serving = self.serving
+
+        def too_slow() -> None:
+            if not pending.done:
+                serving.cancel(rid, key)
+                self._settle(pending)
+                self._failed(traffic, req, rid, pending.retry, _broken(engines, self.world))
+
+        self.world.later(self.timeouts.first_byte_ms, too_slow)
+
+    def _record(
+        self,
+        traffic: Traffic,
+        req: Arrival,
+        first_ms: int,
+        done_ms: int,
+        queued_us: int,
+        tokens: int,
+    ) -> None:
+        """A request answered at the fixed pace: its first token at `first_ms`, done at
+        `done_ms` (virtual ms)."""
+        assert self.latencies is not None
+        tbt_us = 0 if tokens <= 1 else (done_ms - first_ms) * 1000 // (tokens - 1)
+        self.latencies.add(
+            traffic.model,
+            Sample(
+                req.at_ms,
+                (first_ms - req.at_ms) * 1000,
+                (done_ms - req.at_ms) * 1000,
+                queued_us,
+                tbt_us,
+            ),
+        )
 
     def engine_stopped(self, engine: SimEngine, sockets_close: bool) -> None:
         """An engine stopped: when its connections closed, every request its replica holds
         fails now (a powered-off node's just go silent: their clients time out)."""
         if not sockets_close:
             return
+        if self.serving is not None:
+            self.serving.drop(engine.spec.replica)
         for pending in self._inflight.pop(engine.spec.replica, []):
             if not pending.done:
                 pending.done = True
-                self._failed(pending.traffic, pending.arrived, pending.replica, pending.retry, True)
+                self._failed(pending.traffic, pending.req, pending.replica, pending.retry, True)
 
     def _settle(self, pending: _Pending) -> None:
         pending.done = True
@@ -231,7 +332,7 @@ class TrafficRouter:
     def _failed(
         self,
         traffic: Traffic,
-        arrived: int,
+        req: Arrival,
         rid: ReplicaId,
         retry: bool,
         died: bool,
@@ -240,9 +341,9 @@ class TrafficRouter:
         counts = self.counts[traffic.model]
         if retry:
             counts.retried += 1
-            self._attempt(traffic, arrived, first=rid, died=died)
+            self._attempt(traffic, req, first=rid, died=died)
             return
-        counts.failed_at.append(arrived)
+        counts.failed_at.append(req.at_ms)
         counts.in_flight += died
 
     def _finished(self, model: ModelName, rid: ReplicaId, ok: bool) -> None:
@@ -289,6 +390,12 @@ class TrafficRouter:
 
     def report(self) -> dict[str, dict[str, int]]:
         return {m: c.as_dict(self._ejections[m]) for m, c in sorted(self.counts.items())}
+
+    def latency_report(self) -> dict[str, dict[str, object]] | None:
+        if self.latencies is None:
+            return None
+        arrivals = {m: c.arrivals for m, c in self.counts.items()}
+        return self.latencies.report(arrivals, self._end_ms, self._slos)
 
 
 def _broken(engines: _Engines, world: World) -> bool:
