@@ -14,6 +14,10 @@ placement comes to the optimum, side by side with the greedy placer it replaced
    at once: placed GPUs against the CP-SAT optimum, whole-set placement and greedy on the same
    instances; then the instances whose deployments arrive one after another, run in the twin
    with defragmentation on and off.
+4. With `--topology`: the same for profiles with topology rules (one NVLink domain, the fewest
+   leaves; tests/helpers/topology_oracle.py): small instances against the exact optimum, and
+   fleets of 1,000 nodes (4- and 8-GPU nodes in NVLink domains of 18) against an upper bound of
+   the optimum, at loads from 0.8 to 1.5 times the fleet's GPUs.
 
 Needs the dev dependencies (OR-tools).
 """
@@ -243,11 +247,42 @@ def quality(count: int) -> None:
         )
 
 
+def topology(count: int) -> None:
+    from helpers import topology_oracle as topo
+
+    got = best = optimal = 0
+    for seed in steps(range(count), count, "topology instances against the CP-SAT optimum"):
+        inst = topo.instance(seed)
+        mine, ideal = topo.placed(inst.nodes, inst.gangs)[0], topo.optimum(inst)
+        got, best, optimal = got + mine[0], best + ideal[0], optimal + (mine[:3] == ideal[:3])
+    print(f"{count} random instances with topology rules, placed at once:")
+    print(f"  optimal on {optimal} ({100 * optimal / count:.1f}%), GPUs {100 * got / best:.2f}%")
+    print("1,000 nodes with topology rules, against an upper bound of the optimum:")
+    for seed, load in ((0, 0.8), (1, 1.0), (2, 1.2), (3, 1.5)):
+        step(f"1,000 nodes, load {load}")
+        nodes, gangs = topo.large(1000, seed, load)
+        start = time.perf_counter()
+        placed = topo.placed(nodes, gangs)[0][0]
+        took = time.perf_counter() - start
+        upper = topo.bound(nodes, gangs, seconds=60)
+        replicas = sum(g.replicas for g in gangs)
+        print(
+            f"  load {load}: {replicas} replicas, placed {placed} GPUs of a bound of {upper} "
+            f"({100 * placed / upper:.2f}%), pass {ms(took)}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--instances", type=int, default=400)
+    parser.add_argument(
+        "--topology", action="store_true", help="only the topology rules' quality (part 4)"
+    )
     args = parser.parse_args()
+    if args.topology:
+        topology(args.instances)
+        return
     scale(args.repeats)
     quality(args.instances)
 

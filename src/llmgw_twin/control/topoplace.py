@@ -25,8 +25,9 @@ NVLink domain, under `leaves: same` one leaf.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from llmgw_twin.control.capacity import CapacityBook
 from llmgw_twin.control.model import FabricId, NodeId, Profile
@@ -94,9 +95,12 @@ def _choose(
     shape: Shape,
     rules: TopologyRules,
     spread: Mapping[NodeId, int],
+    loss: Callable[[list[tuple[int, int]]], int] | None = None,
 ) -> tuple[list[NodeId], list[int], int]:
     """The nodes of one group for a replica (`len(members) >= shape.nodes`): the nodes, their
-    free counts, and the leaves they span."""
+    free counts, and the leaves they span. With `loss` (room is tight in the fabric), each node
+    is the one whose taking loses the least room from what is pending, as `placement._choose`
+    does."""
     risk = book.stability.risk
 
     def order(m: Member) -> tuple[int, int, float, NodeId]:
@@ -104,7 +108,10 @@ def _choose(
 
     need = shape.nodes
     if rules.leaves != "fewest":
-        picked = sorted(members, key=order)[:need]
+        if loss is None:
+            picked = sorted(members, key=order)[:need]
+        else:
+            picked = _least_loss(members, need, shape, order, loss)
         return [m[1] for m in picked], [m[0] for m in picked], len({m[2] for m in picked})
     by_leaf: dict[str, list[Member]] = {}
     for m in members:
@@ -126,7 +133,41 @@ def _choose(
         leaf = sizes.pop(0)
         chosen.extend(by_leaf[leaf])
         used += 1
+    if loss is not None:
+        # the fewest leaves only where they lose no more room than the least-loss choice
+        other = _least_loss(members, need, shape, order, loss)
+        spent = loss([(m[0], m[0] - shape.gpus) for m in chosen])
+        if loss([(m[0], m[0] - shape.gpus) for m in other]) < spent:
+            chosen, used = other, len({m[2] for m in other})
     return [m[1] for m in chosen], [m[0] for m in chosen], used
+
+
+def _least_loss(
+    members: list[Member],
+    need: int,
+    shape: Shape,
+    order: Callable[[Member], tuple[int, int, float, NodeId]],
+    loss: Callable[[list[tuple[int, int]]], int],
+) -> list[Member]:
+    """`need` members, one at a time, each the least loss, then by `order`."""
+    rest = sorted(members, key=order)
+    picked: list[Member] = []
+    changes: list[tuple[int, int]] = []
+    for _ in range(need):
+        best: tuple[tuple[int, int, int, float, NodeId], int] | None = None
+        seen: set[int] = set()
+        for i, m in enumerate(rest):
+            if m[0] in seen:
+                continue  # the first of each free count is the best of it by `order`
+            seen.add(m[0])
+            key = (loss([*changes, (m[0], m[0] - shape.gpus)]), *order(m))
+            if best is None or key < best[0]:
+                best = (key, i)
+        assert best is not None
+        m = rest.pop(best[1])
+        picked.append(m)
+        changes.append((m[0], m[0] - shape.gpus))
+    return picked
 
 
 def _cost(ms: list[Member], shape: Shape, spread: Mapping[NodeId, int]) -> tuple[int, int]:
@@ -154,10 +195,13 @@ def place_by_topology(
             if len(members) < shape.nodes:
                 short.append((len(members), _label(fabric, name)))
                 continue
-            nodes, frees, leaves = _choose(book, members, shape, rules, spread)
-            loss = 0
+            judge = None
             if tight and demand is not None:
-                loss = demand.loss(fabric, shape.engine, [(v, v - shape.gpus) for v in frees])
+                judge = partial(demand.loss, fabric, shape.engine)
+            nodes, frees, leaves = _choose(book, members, shape, rules, spread, judge)
+            loss = 0
+            if judge is not None:
+                loss = judge([(v, v - shape.gpus) for v in frees])
             leftover = sum(v - shape.gpus for v in frees)
             same = replicas_per_fabric.get(fabric, 0)
             key = (loss, same, leaves if fewest else 0, leftover, fabric, name)
