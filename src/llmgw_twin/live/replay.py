@@ -21,7 +21,7 @@ import yaml
 
 from llmgw_twin.live.replay_check import Decision, compare, decisions, expectations
 from llmgw_twin.live.replay_fold import Fold
-from llmgw_twin.live.replay_infer import Inferred, infer_faults
+from llmgw_twin.live.replay_infer import REPORT_MS, Inferred, added_nodes, infer_faults
 from llmgw_twin.live.replay_log import EventLog, ReplayError, fetch_log, parse_time, read_log
 from llmgw_twin.live.replay_log import save_log as log_text
 from llmgw_twin.service.ops.ctl import _common
@@ -186,7 +186,11 @@ def build(log: EventLog, fleet_raw: dict[str, Any], args: argparse.Namespace) ->
     for key in FLEET_KEYS:
         if key in fleet_raw:
             out[key] = fleet_raw[key]
-    out["cluster"] = {k: v for k, v in fleet_raw["cluster"].items() if k != "controllers"}
+    out["cluster"] = _cluster(fleet_raw)
+    for node, joined in added_nodes(events, t).items():
+        if joined >= start:
+            faults.append(_onboarded(out["cluster"], fleet, node, joined - start))
+    faults.sort(key=lambda f: f.at_ms)
     out["deployments"] = deployments
     if before:
         out["initial"] = initial
@@ -205,9 +209,39 @@ def build(log: EventLog, fleet_raw: dict[str, Any], args: argparse.Namespace) ->
     return text, replay
 
 
+def _cluster(raw: dict[str, Any]) -> dict[str, Any]:
+    """The fleet's cluster, one controller, with the nodes its `add_node` faults bring."""
+    cluster = {k: v for k, v in raw["cluster"].items() if k != "controllers"}
+    fabrics = {f: list(ns) for f, ns in (cluster.get("fabrics") or {}).items()}
+    nodes = dict(cluster.get("nodes") or {})
+    for fault in raw.get("faults") or []:
+        add = fault.get("add_node") if isinstance(fault, dict) else None
+        if isinstance(add, dict) and add.get("fabric") in fabrics:
+            fabrics[add["fabric"]].append(add["node"])
+            own = {k: add[k] for k in ("gpus", "engines") if k in add}
+            if own:
+                nodes[add["node"]] = {**(nodes.get("default") or {}), **own}
+    cluster["fabrics"] = fabrics
+    if nodes:
+        cluster["nodes"] = nodes
+    return cluster
+
+
+def _onboarded(cluster: dict[str, Any], fleet: Scenario, node: str, at_ms: int) -> Inferred:
+    """`add_node` for a node the log shows onboarded in the window, out of the boot-time fleet."""
+    info = next(n for n in fleet.nodes if n.node == node)
+    fabric = cluster["fabrics"][info.fabric]
+    fabric.remove(node)
+    cluster.get("nodes", {}).pop(node, None)
+    value = {"node": node, "fabric": str(info.fabric), "gpus": info.gpus}
+    value["engines"] = [str(e) for e in info.engines]
+    note = f"{node} joined at +{fmt_duration(at_ms)}, onboarded then"
+    return Inferred(max(0, at_ms - REPORT_MS), "add_node", value, note)
+
+
 def _fleet(raw: dict[str, Any], args: argparse.Namespace) -> Scenario:
     base = {"name": "fleet", "duration": "1m", **{k: raw[k] for k in FLEET_KEYS if k in raw}}
-    base["cluster"] = {k: v for k, v in raw["cluster"].items() if k != "controllers"}
+    base["cluster"] = _cluster(raw)
     try:
         return load_scenario_text(yaml.safe_dump(base, sort_keys=False), str(args.fleet or "fleet"))
     except ScenarioError as e:

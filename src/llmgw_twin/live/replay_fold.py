@@ -163,6 +163,8 @@ class Fold:
             rid = str(ev.get("replica"))
             if rid not in self.replicas:
                 self.replicas[rid] = Rep(rid, model, self.profile_of[model], "pending")
+                if rid not in self.copies and self.live_count(model) > self.wanted[model]:
+                    self._scale(model, self.live_count(model))
         elif kind in ("replica.ready", "replica.recovered"):
             self._known(ev).state = "ready"
         elif kind in ("replica.failed", "replica.reaped"):

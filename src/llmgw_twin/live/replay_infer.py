@@ -36,6 +36,8 @@ _EXIT = re.compile(r"^shard \d+ (exited with code \d+|went \w+) on (\S+)$")
 _HUNG = re.compile(r" on (\S+) not answering its health probe")
 REPORT_MS = 2
 """An agent's report reaches the controller this long after what it reports."""
+RESTART_DOWN_MS = 5_000
+"""How long a restarted controller is taken to have been down, at most: the log does not say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +60,10 @@ def infer_faults(
 ) -> list[Inferred]:
     out: list[Inferred] = []
     rel = _Clock(start_ms)
-    out += _silences(window, rel, timings, lost_at_start)
-    out += _engines_and_gpus(window, rel, timings)
+    nodes_of = _nodes_of(before + window)
+    explained: set[int] = set()  # the window's replica.failed events a fault above explains
+    out += _silences(window, rel, timings, lost_at_start, nodes_of, explained)
+    out += _engines_and_gpus(window, before, rel, timings, nodes_of, explained)
     out += _links(window, rel, end_ms, fabrics, lost_at_start)
     out += _restarts(window, before, rel, timings)
     out += _operator(window, rel)
@@ -68,6 +72,32 @@ def infer_faults(
             note = f"the wanted count of {model} became {count} at {rel.text(t)}"
             out.append(Inferred(rel(t), "set_replicas", {"model": model, "replicas": count}, note))
     return sorted(out, key=lambda f: f.at_ms)
+
+
+def added_nodes(events: list[TraceEvent], timings: Timings) -> dict[str, int]:
+    """Nodes onboarded while the controller ran: the log's first word of each is its
+    `node.joined`, a heartbeat interval or more after the controller's first start (the fleet's
+    own nodes join as it starts). Node -> when it joined."""
+    first = next((ev.t_ms for ev in events if ev.kind == "controller.started"), events[0].t_ms)
+    seen: set[str] = set()
+    out: dict[str, int] = {}
+    for ev in events:
+        node = ev.get("node")
+        if not isinstance(node, str) or node in seen:
+            continue
+        seen.add(node)
+        if ev.kind == "node.joined" and ev.t_ms >= first + timings.heartbeat_interval_ms:
+            out[node] = ev.t_ms
+    return out
+
+
+def _nodes_of(events: list[TraceEvent]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for ev in events:
+        nodes = ev.get("nodes")
+        if ev.kind in ("replica.placed", "replica.adopted") and isinstance(nodes, tuple):
+            out[str(ev.get("replica"))] = tuple(str(n) for n in nodes)
+    return out
 
 
 class _Clock:
@@ -84,7 +114,12 @@ class _Clock:
 
 
 def _silences(
-    window: list[TraceEvent], rel: _Clock, t: Timings, lost_at_start: set[str]
+    window: list[TraceEvent],
+    rel: _Clock,
+    t: Timings,
+    lost_at_start: set[str],
+    nodes_of: dict[str, tuple[str, ...]],
+    explained: set[int],
 ) -> list[Inferred]:
     out: list[Inferred] = []
     half = t.heartbeat_interval_ms // 2
@@ -92,52 +127,101 @@ def _silences(
     for ev in window:
         if ev.kind in ("node.suspect", "node.lost", "node.recovered", "node.joined"):
             by_node.setdefault(str(ev.get("node")), []).append(ev)
+    starts = [ev.t_ms for ev in window if ev.kind in ("controller.started", "controller.leader")]
     for node, evs in sorted(by_node.items()):
-        stop: int | None = None  # when its heartbeats stopped (log time), in a silence
-        lost = node in lost_at_start
-        off = node in lost_at_start
+        stop: int | None = None  # just after its last heartbeat (log time), in a silence
+        off = node in lost_at_start  # powered off in the replay
+        mine: list[Inferred] = []
         for ev in evs:
-            if ev.kind == "node.suspect" and stop is None and not lost:
-                stop = ev.t_ms - t.node_suspect_after_ms + 1
-            elif ev.kind == "node.lost" and not lost:
-                stop = ev.t_ms - t.node_lost_after_ms + 1
-                lost = True
+            if ev.kind == "node.suspect" and stop is None and not off:
+                # not one a controller found at its start: it says nothing of when
+                if not any(0 <= ev.t_ms - s <= 2 * t.reconcile_interval_ms for s in starts):
+                    stop = ev.t_ms - t.node_suspect_after_ms + 1
+            elif ev.kind == "node.lost" and not off:
+                # after its suspicion if that was timed (a mass-loss hold, a lost node paced,
+                # may hold the loss back), else the loss
+                stop = stop if stop is not None else ev.t_ms - t.node_lost_after_ms + 1
                 note = f"{node} lost at {rel.text(ev.t_ms)}: its heartbeats stopped about then"
-                out.append(Inferred(rel(stop), "kill_node", node, note))
+                mine.append(_down(window, node, stop, note, rel, t, nodes_of, explained))
                 off = True
-            elif ev.kind == "node.joined" and off:
+            elif ev.kind == "node.joined" and (off or stop is not None):
+                if not off and stop is not None:
+                    note = f"{node} silent, then rebooted (joined at {rel.text(ev.t_ms)})"
+                    mine.append(_down(window, node, stop, note, rel, t, nodes_of, explained))
                 note = f"{node} joined again at {rel.text(ev.t_ms)}: it booted"
-                out.append(Inferred(rel(ev.t_ms - REPORT_MS), "restart_node", node, note))
-                stop, lost, off = None, False, False
+                mine.append(Inferred(rel(ev.t_ms - REPORT_MS), "restart_node", node, note))
+                stop, off = None, False
             elif ev.kind == "node.recovered" and stop is not None:
-                if lost and out and out[-1].action == "kill_node" and out[-1].value == node:
-                    out.pop()  # heard again without a reboot: it was cut off, not off
+                if off and mine and mine[-1].action in ("kill_node", "crash_node"):
+                    mine.pop()  # heard again without a reboot: it was cut off, not off
                 span = max(1000, ev.t_ms - half - stop)
                 note = f"{node} heard again at {rel.text(ev.t_ms)} without rebooting: cut off"
                 part = {"nodes": [node], "for": span}
-                out.append(Inferred(rel(stop), "partition", part, note))
-                stop, lost, off = None, False, False
+                mine.append(Inferred(rel(stop), "partition", part, note))
+                stop, off = None, False
+        out += mine
     return out
 
 
-def _engines_and_gpus(window: list[TraceEvent], rel: _Clock, t: Timings) -> list[Inferred]:
+def _down(
+    window: list[TraceEvent],
+    node: str,
+    stop: int,
+    note: str,
+    rel: _Clock,
+    t: Timings,
+    nodes_of: dict[str, tuple[str, ...]],
+    explained: set[int],
+) -> Inferred:
+    """`kill_node` at `stop`, or `crash_node` where a replica spanning the node failed on
+    another node (its peer's socket closed) in the interval its heartbeats stopped in."""
+    for i, ev in enumerate(window):
+        if (
+            ev.kind == "replica.failed"
+            and stop - 100 <= ev.t_ms <= stop + t.heartbeat_interval_ms + 100
+            and ev.get("node") != node
+            and node in nodes_of.get(str(ev.get("replica")), ())
+            and _EXIT.match(str(ev.get("reason") or ""))
+        ):
+            explained.add(i)
+            why = f"{note}; replica {ev.get('replica')} lost its peer on it at {rel.text(ev.t_ms)}"
+            return Inferred(rel(ev.t_ms - REPORT_MS), "crash_node", node, why)
+    return Inferred(rel(stop), "kill_node", node, note)
+
+
+def _engines_and_gpus(
+    window: list[TraceEvent],
+    before: list[TraceEvent],
+    rel: _Clock,
+    t: Timings,
+    nodes_of: dict[str, tuple[str, ...]],
+    explained: set[int],
+) -> list[Inferred]:
     out: list[Inferred] = []
     gpu_fails = [ev for ev in window if ev.kind == "gpu.failed"]
     hung: set[tuple[str, str]] = set()
-    for ev in window:
+    for i, ev in enumerate(window):
         node, model = str(ev.get("node")), str(ev.get("model"))
         reason = str(ev.get("reason") or "")
+        rid = str(ev.get("replica"))
         if ev.kind == "replica.degraded" and (m := _HUNG.search(reason)):
             hung.add((m.group(1), model))
-            note = f"replica {ev.get('replica')} not answering at {rel.text(ev.t_ms)}"
+            note = f"replica {rid} not answering at {rel.text(ev.t_ms)}"
             value = {"node": m.group(1), "replica_of": model}
             out.append(Inferred(rel(ev.t_ms - t.probe_interval_ms), "hang_engine", value, note))
-        elif ev.kind == "replica.failed" and _EXIT.match(reason):
+        elif ev.kind == "replica.failed" and reason.startswith("not ready within"):
+            leader = nodes_of.get(rid, ())[:1]
+            if leader:
+                began = _began(before + window, rid, leader[0])
+                note = f"replica {rid} {reason} ({rel.text(ev.t_ms)}): its engine never served"
+                value = {"node": leader[0], "replica_of": model}
+                out.append(Inferred(rel(began + 1), "hang_engine", value, note))
+        elif ev.kind == "replica.failed" and i not in explained and _EXIT.match(reason):
             if (node, model) in hung:
                 continue
             if any(g.get("node") == node and 0 <= g.t_ms - ev.t_ms <= 100 for g in gpu_fails):
                 continue  # the GPU's failure, below
-            note = f"replica {ev.get('replica')} failed at {rel.text(ev.t_ms)}: {reason}"
+            note = f"replica {rid} failed at {rel.text(ev.t_ms)}: {reason}"
             value = {"node": node, "replica_of": model}
             out.append(Inferred(rel(ev.t_ms - REPORT_MS), "kill_engine", value, note))
     for g in gpu_fails:
@@ -156,6 +240,17 @@ def _engines_and_gpus(window: list[TraceEvent], rel: _Clock, t: Timings) -> list
         value = {"node": node, "gpu": g.get("gpu")}
         out.append(Inferred(rel(first - REPORT_MS), "fail_gpu", value, note))
     return out
+
+
+def _began(events: list[TraceEvent], rid: str, node: str) -> int:
+    """When the replica's engine on `node` started (its `shard.started`, else its placement)."""
+    placed = [e.t_ms for e in events if e.kind == "replica.placed" and e.get("replica") == rid]
+    started = [
+        e.t_ms
+        for e in events
+        if e.kind == "shard.started" and e.get("replica") == rid and e.get("node") == node
+    ]
+    return max(started or placed or [0])
 
 
 def _links(
@@ -222,7 +317,7 @@ def _restarts(
         )
         began = leader if leader is not None else ev.t_ms - t.reconcile_interval_ms
         last = max((e.t_ms for e in history[:k] if e.t_ms < began), default=began - 1)
-        died = max(last + 1, rel.start_ms)
+        died = max(last + 1, began - RESTART_DOWN_MS, rel.start_ms)
         down = max(0, began - died)
         note = f"a controller started again at {rel.text(ev.t_ms)}"
         out.append(Inferred(rel(died), "restart_controller", {"down_for": down}, note))
