@@ -4,9 +4,9 @@ a fleet of 1,000 nodes (tests/helpers/topology_oracle.py).
 
 Measured on seeds 0-299 when written: the placed GPUs are 98.8% of the optimum's over all
 instances, the score (GPUs, deployments served, replicas) is the optimum's on 89% of them; on
-1,000 nodes the placed GPUs equal the bound (`benchmarks/placement.py --topology`). The bars below sit just under those figures, so a
-change that makes placement worse fails here. Every placement keeps its rules, and never books
-a GPU twice (checked in `placed`).
+1,000 nodes the placed GPUs equal the bound (`benchmarks/placement.py --topology`). The bars
+below sit just under those figures, so a change that makes placement worse fails here. Every
+placement keeps its rules, and never books a GPU twice (checked in `placed`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ INSTANCES = range(200)
 
 @pytest.fixture(scope="module")
 def judged() -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
-    out = {}
+    out: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for seed in INSTANCES:
         inst = instance(seed)
         out[seed] = (placed(inst.nodes, inst.gangs)[0], optimum(inst))

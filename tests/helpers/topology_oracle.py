@@ -257,9 +257,9 @@ def bound(nodes: Sequence[TNode], gangs: Sequence[TGang], seconds: float = 60.0)
         users = []
         for gang in gangs:
             if "/" in n_key:
-                k = ks.get((gang.model, n_key))
-                if k is not None:
-                    users.append(gang.size * k)
+                here = ks.get((gang.model, n_key))
+                if here is not None:
+                    users.append(gang.size * here)
             else:
                 for (model, key), k in ks.items():
                     if model == gang.model and key.split("/")[0] == fabric:
