@@ -217,6 +217,27 @@ def test_more_replicas_bring_the_tail_down(tmp_path: Path) -> None:
     assert p99(2) < p99(1)
 
 
+def test_a_batch_under_its_capacity_answers_every_request(tmp_path: Path) -> None:
+    result = run_scenario(
+        _load(
+            "engine_model: {p: vllm/llama-3-8b/h100}\n"
+            "traffic: {model: a, rate: 20/s, arrivals: poisson, input_tokens: 300, "
+            "output_tokens: {uniform: [1, 200]}}\n",
+            tmp_path,
+            duration="3m",
+        )
+    )
+    assert result.requests is not None and result.latency is not None
+    counts = result.requests["a"]
+    assert counts["failed"] == counts["failed_no_replica"] > 0  # before the replica serves
+    assert counts["retried"] == 0 and counts["ejections"] == 0
+    served = result.latency["a"]["served"]
+    assert (
+        isinstance(served, int) and counts["served"] - 50 <= served <= counts["served"]
+    )  # the rest
+    # are still in the batch when the run ends
+
+
 def test_without_the_additions_nothing_is_reported_beyond_the_counts(tmp_path: Path) -> None:
     result = run_scenario(_load("traffic: {model: a, rate: 5/s}\n", tmp_path))
     assert result.latency is None and result.requests is not None

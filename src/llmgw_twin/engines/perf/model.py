@@ -195,6 +195,11 @@ class BatchEngine:
             return
         self._done = deque(s for s in self._done if s.key != key)
 
+    def catch_up(self, now_us: int) -> None:
+        """Run every iteration that starts before `now_us`; what finished stays to be taken by
+        `advance` (the caller's wake for it may still be due at this instant)."""
+        self._run_until(now_us)
+
     def advance(self, now_us: int) -> list[Served]:
         """Run every iteration that starts before `now_us`; the requests finished by `now_us`,
         in the order they finished (ties by admission)."""

@@ -93,12 +93,20 @@ class Latencies:
 
 
 def judge_slo(
-    exp: SloExpectation, latencies: Latencies, arrivals: list[int], clock: Clock = fmt_ms
+    exp: SloExpectation,
+    latencies: Latencies,
+    arrivals: list[int],
+    failed_at: list[int],
+    clock: Clock = fmt_ms,
 ) -> Outcome:
-    """`arrivals`: the arrival times of every request to the model (served or not)."""
+    """`arrivals`, `failed_at`: the arrival times of every request to the model and of the failed
+    ones. Attainment is over the requests that ended (served or failed): one still unanswered
+    when the run ends is left out (it may yet make its deadline)."""
     window = f"[{clock(exp.start_ms)}, {clock(exp.end_ms)}]"
     sent = sum(1 for t in arrivals if exp.start_ms <= t <= exp.end_ms)
     got = latencies.of(exp.model, exp.start_ms, exp.end_ms)
+    failed = sum(1 for t in failed_at if exp.start_ms <= t <= exp.end_ms)
+    ended = len(got) + failed
     ttfts = sorted(s.ttft_us for s in got)
     e2es = sorted(s.e2e_us for s in got)
     parts: list[str] = []
@@ -119,12 +127,15 @@ def judge_slo(
         )
     if exp.attainment is not None and exp.ttft_ms is not None:
         met = sum(1 for t in ttfts if t <= exp.ttft_ms * 1000)
-        share = Fraction(met, sent) if sent else Fraction(1)
+        share = Fraction(met, ended) if ended else Fraction(1)
         ok = share >= exp.attainment
         passed &= ok
         parts.append(
-            f"{met} of {sent} served with a first token within {exp.ttft_ms} ms "
+            f"{met} of {ended} ended served with a first token within {exp.ttft_ms} ms "
             f"({float(share) * 100:.2f}%, at least {float(exp.attainment) * 100:g}%)"
         )
-    message = f"{len(got)} of {sent} requests arriving in {window} served; " + "; ".join(parts)
+    message = (
+        f"{len(got)} of {sent} requests arriving in {window} served, {failed} failed; "
+        + "; ".join(parts)
+    )
     return Outcome(exp.text, exp.line, passed, message)

@@ -192,8 +192,10 @@ def _run(
         elif isinstance(exp, SloExpectation):
             assert shell.traffic is not None and shell.traffic.latencies is not None
             clock = anchored(exp.text, scenario.faults)
-            arrivals = shell.traffic.counts[exp.model].arrivals
-            outcomes[i] = judge_slo(exp, shell.traffic.latencies, arrivals, clock)
+            counted = shell.traffic.counts[exp.model]
+            outcomes[i] = judge_slo(
+                exp, shell.traffic.latencies, counted.arrivals, counted.failed_at, clock
+            )
     off = dict(scenario.invariants_off)
     invariants = tuple(
         InvariantResult(

@@ -62,7 +62,7 @@ class ModelServing:
         self._keys += 1
         key = self._keys
         now_us = self.world.now * 1000
-        batch.engine.advance(now_us)  # what finished already was answered at its wake
+        batch.engine.catch_up(now_us)  # the iterations begun before now, at the pace then
         batch.engine.slow = slow
         if not batch.engine.submit(key, now_us, prompt_tokens, output_tokens):
             return None
