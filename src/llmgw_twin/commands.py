@@ -60,6 +60,13 @@ COMMANDS: tuple[Command, ...] = (
         SIMULATE,
     ),
     Command(
+        ("sweep",),
+        "llmgw_twin.twin.sweep.cli",
+        "run one scenario over a grid of settings and seeds: detection, false losses, failed "
+        "requests side by side (docs/sweep.md)",
+        SIMULATE,
+    ),
+    Command(
         ("snapshot",),
         f"{_OPS}.snapshot",
         "write a live controller's fleet as a scenario file the twin starts from "

@@ -127,6 +127,25 @@ def whole_again(
     return later[0] if later else None
 
 
+def longest_short(
+    serve: dict[str, Series], want: dict[str, Series], start_ms: int, end_ms: int
+) -> int:
+    """The longest span within `[start_ms, end_ms]` in which some model served fewer replicas
+    than it wanted (a span still open at `end_ms` counts to it); 0 when none was short."""
+    times = sorted({start_ms, *(t for s in (*serve.values(), *want.values()) for t, _ in s)})
+    times = [t for t in times if start_ms <= t <= end_ms]
+    longest, began = 0, None
+    for t in times:
+        short = any(at(serve.get(m, [(0, 0)]), t) < at(w, t) for m, w in want.items())
+        if short and began is None:
+            began = t
+        elif not short and began is not None:
+            longest, began = max(longest, t - began), None
+    if began is not None:
+        longest = max(longest, end_ms - began)
+    return longest
+
+
 def sparkline(serve: Series, want: Series, start_ms: int, end_ms: int, width: int = 48) -> str:
     """The serving count over `[start_ms, end_ms]` in `width` characters, each the least count
     in its slice of time, scaled to the most the model wants in the span (full block: whole)."""
