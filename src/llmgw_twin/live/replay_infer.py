@@ -21,6 +21,8 @@ rules, in short (T = the logged time):
 - a controller that started again (`controller.started` after an earlier one):
   `restart_controller`, down from 1 ms after the old process's last event to the new process's
   start (its `controller.leader`, else one reconcile interval before `controller.started`);
+- a controller that found itself late (`controller.lagged`): `stall_controller` for that long,
+  ending then;
 - the operator's calls: `cordon`, `uncordon`, `drain`, `set_profile`, `delete_deployment`, and
   `set_replicas` where the wanted count changed (`replay_fold.py`).
 """
@@ -333,6 +335,12 @@ _OPERATOR = {
 
 def _operator(window: list[TraceEvent], rel: _Clock) -> list[Inferred]:
     out: list[Inferred] = []
+    for ev in window:
+        lag = ev.get("lag_ms")
+        if ev.kind == "controller.lagged" and isinstance(lag, int) and lag > 0:
+            note = f"the controller found itself {lag} ms late at {rel.text(ev.t_ms)}"
+            value = {"controller": "leader", "for": lag}
+            out.append(Inferred(rel(ev.t_ms - lag), "stall_controller", value, note))
     draining = {(ev.t_ms, ev.get("node")) for ev in window if ev.kind == "node.draining"}
     for ev in window:
         note = f"{ev.kind} at {rel.text(ev.t_ms)}: the operator's call"

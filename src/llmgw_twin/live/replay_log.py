@@ -33,7 +33,8 @@ HEADER_KEY = "llmgw_twin_event_log"
 PAGE = 5_000
 MAX_PAGES = 2_000
 """At most this many pages (10 million events) are read from a live controller."""
-KINDS = frozenset((*CONTROL_EVENT_KINDS, "fault.injected"))
+KINDS = frozenset((*CONTROL_EVENT_KINDS, "controller.lagged", "fault.injected"))
+"""The core's kinds, its lag report, and the twin's faults (a report's; replay ignores them)."""
 OPENING = frozenset(("controller.leader", "controller.started", "node.joined"))
 """The kinds a controller's history starts with (its first event is one of them)."""
 
