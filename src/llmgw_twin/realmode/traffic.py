@@ -1,11 +1,13 @@
 """Real mode's clients: a scenario's `traffic`, sent for real through the router.
 
 Each traffic item's requests go out at the same instants as in the twin (the scaled run's
-`Traffic.arrival_ms`), as OpenAI chat completions asking for `tokens` tokens, each with a client
-timeout. A request is served when the router answers 200 with a completion; anything else is a
-failure, counted as the twin counts them: `failed_no_replica` when the router had no replica to
-take it (503), `failed_in_flight` when the replica that answered for it (`x-llmgw-replica`) failed
-while the request was out, and `retried` when the router says it tried another replica.
+`arrivals`: the contract's spacing, a shaped rate or a trace, read as it goes), as OpenAI chat
+completions asking for the request's output tokens, with a prompt of about its input tokens,
+each with a client timeout. A request is served when the router answers 200 with a
+completion; anything else is a failure, counted as the twin counts them: `failed_no_replica`
+when the router had no replica to take it (503), `failed_in_flight` when the replica that
+answered for it (`x-llmgw-replica`) failed while the request was out, and `retried` when the
+router says it tried another replica.
 
 Bounded: a request per arrival of the run and no more, at most `MAX_IN_FLIGHT` at once (a request
 that would pass the bound is sent when one ends, and counts late), each within `TIMEOUT_S`.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from llmgw_twin.control.model import ModelName, TraceEvent
+from llmgw_twin.twin.scenario.arrivals import Arrival, arrivals
 from llmgw_twin.twin.scenario.model import Scenario, Traffic
 
 MAX_IN_FLIGHT = 256
@@ -74,22 +77,27 @@ class RealTraffic:
     async def _send_all(self, client: httpx.AsyncClient, model: ModelTraffic) -> None:
         traffic = model.traffic
         tasks = []
-        for i in range(traffic.requests_until(self.scenario.duration_ms)):
-            at = traffic.arrival_ms(i)
-            delay = at - self._now_ms()
+        seed = f"{self.scenario.seed}"
+        for req in arrivals(traffic, self.scenario.duration_ms, seed):
+            delay = req.at_ms - self._now_ms()
             if delay > 0:
                 await asyncio.sleep(delay / 1000)  # the run's own clock: real time is the point
             await self._slots.acquire()
             sent = Sent(arrived_ms=self._now_ms())
             model.sent.append(sent)
-            tasks.append(asyncio.create_task(self._one(client, traffic, sent)))
+            tasks.append(asyncio.create_task(self._one(client, traffic, req, sent)))
         await asyncio.gather(*tasks)
 
-    async def _one(self, client: httpx.AsyncClient, traffic: Traffic, sent: Sent) -> None:
+    async def _one(
+        self, client: httpx.AsyncClient, traffic: Traffic, req: Arrival, sent: Sent
+    ) -> None:
+        prompt = f"request at {sent.arrived_ms}"
+        if traffic.workload is not None:  # about its input tokens: a word a token
+            prompt += " x" * max(0, req.input_tokens - 4)
         body = {
             "model": traffic.model,
-            "messages": [{"role": "user", "content": f"request at {sent.arrived_ms}"}],
-            "max_tokens": traffic.tokens,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": req.output_tokens,
         }
         try:
             r = await client.post(f"{self._url()}/v1/chat/completions", json=body)

@@ -31,7 +31,6 @@ the scenario uses any of these additions, every served request's latency is reco
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -134,8 +133,9 @@ class TrafficRouter:
         self._slos = tuple(e for e in scenario.expectations if isinstance(e, SloExpectation))
         self.latencies: Latencies | None = Latencies() if opted_in else None
         """Every served request's times, when the scenario uses the workload additions."""
-        # the traffic's own random streams, seeded from the run's without drawing from it
-        seed = hashlib.sha256(repr(world.rng.getstate()).encode()).hexdigest()[:16]
+        # the traffic's own random streams, from the scenario's seed (as real mode's clients):
+        # the world's stream is never drawn from, so traffic changes no other draw
+        seed = f"{scenario.seed}"
         for traffic in scenario.traffic:
             self._next(traffic, arrivals(traffic, self._end_ms, seed))
 
