@@ -2,29 +2,23 @@
 "How faults are inferred").
 
 Role: `infer_faults(...)` reads the window's events and returns `Inferred` faults, each at a
-time relative to the window's start, with a note saying which events it was read from. The
-rules, in short (T = the logged time):
+time relative to the window's start, with a note saying which events it was read from. The rules
+(the table in the docs is their contract), in short:
 
-- a node lost with no reboot after: `kill_node` just after its last heartbeat, T -
-  node_lost_after + 1 ms (so the twin, whose heartbeats fall elsewhere in the interval, loses it
-  no later than the log says, and up to one heartbeat interval earlier); if it later
-  joins again, `restart_node` just before; if it is later heard again without rejoining, a
-  `partition` from then until half an interval before it was heard;
-- a node suspect and heard again, never lost: a `partition` likewise, from T - node_suspect_after
-  + 1 ms;
-- a replica failed because a shard exited or went down, not the infrastructure's doing and no GPU
-  failing with it: `kill_engine` of that model on that node, 2 ms before (the agent's report);
-- a failed GPU: `fail_gpu`, 2 ms before the replica that failed with it (or before it);
-- a leader found not answering its probe: `hang_engine`, one probe interval before;
-- fabric links down on every node of a fabric that is up, within 100 ms: `fabric_down` until
-  the first link comes back; on some nodes only: `cut_fabric_link` per node;
-- a controller that started again (`controller.started` after an earlier one):
-  `restart_controller`, down from 1 ms after the old process's last event to the new process's
-  start (its `controller.leader`, else one reconcile interval before `controller.started`);
-- a controller that found itself late (`controller.lagged`): `stall_controller` for that long,
-  ending then;
-- the operator's calls: `cordon`, `uncordon`, `drain`, `set_profile`, `delete_deployment`, and
-  `set_replicas` where the wanted count changed (`replay_fold.py`).
+- a node's silence starts just after its last heartbeat: its first suspicion less
+  node_suspect_after, else its loss less node_lost_after, plus 1 ms (the twin then loses it no
+  later than the log, up to a heartbeat interval earlier). Lost: `kill_node`, or `crash_node`
+  when a replica spanning it died on a peer in that interval; joined again: `restart_node`;
+  heard again without rejoining: a `partition` instead;
+- a shard that exited or went down, no infrastructure cause and no GPU failing with it:
+  `kill_engine`; a failed GPU: `fail_gpu`; a leader not answering its probe, or a replica never
+  ready: `hang_engine`;
+- fabric links down: `fabric_down` for a whole fabric, `cut_fabric_link` per node otherwise;
+- a controller that started again: `restart_controller`, down 5 s at most; a lag:
+  `stall_controller`;
+- the operator's calls (`cordon`, `uncordon`, `drain`, `set_profile`, `delete_deployment`), a
+  wanted count that changed (`set_replicas`, from `replay_fold.py`), a node onboarded
+  (`add_node`, `added_nodes`).
 """
 
 from __future__ import annotations
