@@ -51,6 +51,12 @@ from llmgw_twin.twin.scenario.model import (
     StallController,
     StoreDown,
 )
+from llmgw_twin.twin.scenario.topo_actions import (
+    LeafDown,
+    NvlinkDegraded,
+    NvlinkDomainDown,
+    SpineDown,
+)
 from llmgw_twin.twin.world.faults import fault_subjects
 from llmgw_twin.units import fmt_offset
 
@@ -144,6 +150,10 @@ class RealFaults:
                     | CutFabricLink()
                     | SlowNode()
                     | DelayHeartbeats()
+                    | NvlinkDomainDown()
+                    | LeafDown()
+                    | SpineDown()
+                    | NvlinkDegraded()
                 ):
                     pass  # nothing started ahead for these (a controller's own: refused)
                 case _:
@@ -184,8 +194,8 @@ class RealFaults:
         match fault.action:
             case KillNode(node=node):
                 await asyncio.to_thread(cluster.kill_node, node)
-            case CrashNode(node=node):
-                await asyncio.to_thread(cluster.crash_node, node)
+            case CrashNode() | NvlinkDomainDown():
+                await asyncio.to_thread(self._crash, fault.action)
             case RestartNode(node=node):
                 if id(fault) in self._booted:
                     return  # its agent process was started ahead and serves from now
@@ -237,10 +247,17 @@ class RealFaults:
                 (KillController() | StallController() | PartitionController() | StoreDown())
                 | ClockSkew()
                 | (CutFabricLink() | SlowNode() | DelayHeartbeats())
+                | (LeafDown() | SpineDown() | NvlinkDegraded())
             ):
                 raise AssertionError("refused up front (check_real_supported)")
             case _:
                 assert_never(fault.action)
+
+    def _crash(self, action: CrashNode | NvlinkDomainDown) -> None:
+        """A node crashes, or every node of an NVLink domain at one instant."""
+        nodes = (action.node,) if isinstance(action, CrashNode) else action.nodes
+        for node in nodes:
+            self.cluster.crash_node(node)
 
     async def _restart_controller(self, down_for_ms: int) -> None:
         """Kill the controller; the next one was started ahead (`boot_ahead`) and has loaded its

@@ -33,6 +33,12 @@ from llmgw_twin.twin.scenario.model import (
     StallController,
     StoreDown,
 )
+from llmgw_twin.twin.scenario.topo_actions import (
+    LeafDown,
+    NvlinkDegraded,
+    NvlinkDomainDown,
+    SpineDown,
+)
 from llmgw_twin.twin.world.faults import fault_subjects
 
 SUPPORTED = (
@@ -53,6 +59,7 @@ SUPPORTED = (
     AddNode,
     KillController,
     StallController,
+    NvlinkDomainDown,
 )
 
 
@@ -86,8 +93,31 @@ REFUSED: dict[type, str] = {
         "the proxy between an agent and the controller cuts (a partition) but does not hold "
         "messages back, so late heartbeats run in the twin only"
     ),
+    LeafDown: (
+        "a leaf switch down cuts each node's own fabric link, and real mode's fabric model cuts "
+        "a whole fabric only (its proxies stand in front of the ports a node listens on), so it "
+        "runs in the twin only"
+    ),
+    SpineDown: (
+        "a spine down splits a fabric between groups of nodes, and real mode's fabric proxies "
+        "cut a whole fabric only, so it runs in the twin only"
+    ),
+    NvlinkDegraded: (
+        "a degraded NVLink makes a node's engines slower, and the sim engine takes its load time "
+        "as a flag at start with no pace to change while it runs (as slow_node), so it runs in "
+        "the twin only"
+    ),
 }
 """Why a fault the twin models is refused up front here."""
+DOMAIN_BACK_REFUSED = (
+    "nvlink_domain_down with `for` boots the nodes again, which real mode does only with a "
+    "restart_node fault per node: write those instead"
+)
+RULES_REFUSED = (
+    "real mode's agents read their inventory from a sysfs-shaped root that holds no leaf or "
+    "NVLink domain, so they register without a topology and a multi-node replica with "
+    "topology rules could never be placed (the twin reads cluster.topology)"
+)
 PARTITION_REFUSED = {
     "agents": (
         "a node's address is one per node in the store, shared by every controller, so the "
@@ -113,6 +143,12 @@ def check_real_supported(scenario: Scenario) -> None:
             f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
             f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.all_nodes)}"
         )
+    for profile in scenario.profiles:
+        if profile.topology.constrained:
+            raise ValueError(
+                f"{scenario.path}: profile {profile.name} has topology rules (nvlink, leaves), "
+                f"not supported in real mode yet: {RULES_REFUSED}"
+            )
     names = {None, "leader", *(f"c{i + 1}" for i in range(scenario.controllers))}
     for fault in scenario.faults:
         if (
@@ -136,6 +172,11 @@ def check_real_supported(scenario: Scenario) -> None:
         )
         if takes_store and have_postgres() and scenario.controllers >= 2:
             continue  # on a PostgreSQL server of the run's own (`pgstore.py`)
+        if isinstance(fault.action, NvlinkDomainDown) and fault.action.for_ms is not None:
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: this fault (nvlink_domain_down) is not supported "
+                f"in real mode yet: {DOMAIN_BACK_REFUSED}"
+            )
         if not isinstance(fault.action, SUPPORTED):
             action = fault_subjects(fault)["action"]
             why = REFUSED.get(type(fault.action))

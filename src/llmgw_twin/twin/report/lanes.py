@@ -43,6 +43,12 @@ from llmgw_twin.twin.scenario.model import (
     StallController,
     StoreDown,
 )
+from llmgw_twin.twin.scenario.topo_actions import (
+    LeafDown,
+    NvlinkDegraded,
+    NvlinkDomainDown,
+    SpineDown,
+)
 from llmgw_twin.twin.world.faults import fault_subjects
 from llmgw_twin.twin.world.runner import RunResult
 from llmgw_twin.units import fmt_duration, fmt_ms
@@ -98,6 +104,10 @@ def _fault_for(fault: Fault) -> int:
             return ms
         case CutFabricLink(for_ms=ms) | SlowNode(for_ms=ms) | DelayHeartbeats(for_ms=ms):
             return ms
+        case LeafDown(for_ms=ms) | SpineDown(for_ms=ms) | NvlinkDegraded(for_ms=ms):
+            return ms
+        case NvlinkDomainDown(for_ms=ms):
+            return ms or 0
         case RestartController(down_for_ms=ms):
             return ms
         case StallController(for_ms=ms) | PartitionController(for_ms=ms) | StoreDown(for_ms=ms):

@@ -48,7 +48,13 @@ from llmgw_twin.twin.scenario.model import (
     StallController,
     StoreDown,
 )
-from llmgw_twin.twin.scenario.shapes import SHAPE_KEYS, Added, check_added_first, shape_action
+from llmgw_twin.twin.scenario.shapes import (
+    SHAPE_KEYS,
+    Added,
+    check_added_first,
+    shape_action,
+    slow_factor,
+)
 from llmgw_twin.twin.scenario.timeexpr import (
     END,
     START,
@@ -59,6 +65,7 @@ from llmgw_twin.twin.scenario.timeexpr import (
     resolve_time,
     resolve_times,
 )
+from llmgw_twin.twin.scenario.topo_faults import TOPOLOGY_ACTION_KEYS, topology_action
 from llmgw_twin.twin.scenario.topology import TopologyNames
 from llmgw_twin.units import fmt_ms
 
@@ -82,6 +89,7 @@ _ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "set_replicas": ("model", "replicas"),
     "set_profile": ("model", "profile"),
     **SHAPE_KEYS,
+    **TOPOLOGY_ACTION_KEYS,
 }
 
 
@@ -332,6 +340,8 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             return _controller_action(key, need, known)
         case "cut_fabric_link" | "slow_node" | "delay_heartbeats" | "add_node":
             return shape_action(key, value, need, known.node, known.added)
+        case "leaf_down" | "spine_down" | "nvlink_domain_down" | "nvlink_degraded":
+            return topology_action(key, view, where, known.node, known.topology, slow_factor)
         case "fail_gpu":
             node_id = known.node(*need("node"))
             gpu_node, gpu_where = need("gpu")

@@ -22,6 +22,13 @@ from llmgw_twin.control.model import (
 )
 from llmgw_twin.twin.scenario.initial_model import Initial
 from llmgw_twin.twin.scenario.workload_model import EngineModel, SloExpectation, Workload
+from llmgw_twin.twin.scenario.topo_actions import (
+    TOPOLOGY_FAULT_KEYS,
+    LeafDown,
+    NvlinkDegraded,
+    NvlinkDomainDown,
+    SpineDown,
+)
 
 # --- faults ----------------------------------------------------------------------------------
 
@@ -232,6 +239,10 @@ FaultAction = (
     | AddNode
     | SetProfile
 )
+    | LeafDown
+    | SpineDown
+    | NvlinkDomainDown
+    | NvlinkDegraded
 
 FAULT_KEYS: dict[str, type] = {
     "kill_node": KillNode,
@@ -260,6 +271,7 @@ FAULT_KEYS: dict[str, type] = {
     "add_node": AddNode,
     "set_profile": SetProfile,
 }
+    **TOPOLOGY_FAULT_KEYS,
 """The YAML key of each fault action."""
 
 
@@ -304,6 +316,9 @@ EVENT_SUBJECTS: tuple[str, ...] = (
     "epoch",
     "side",
 )
+    "leaf",
+    "spine",
+    "domain",
 """Subject fields an event may carry, and so the filters an event expectation may use."""
 
 

@@ -134,6 +134,12 @@ def _factor(node: Node, where: str) -> Fraction:
     return factor
 
 
+def slow_factor(node: Node, where: str) -> tuple[int, int]:
+    """A slowdown factor as `slow_node` reads it, as a fraction's numerator and denominator."""
+    factor = _factor(node, where)
+    return factor.numerator, factor.denominator
+
+
 def shape_action(
     key: str,
     value: Node,

@@ -51,6 +51,12 @@ from llmgw_twin.twin.scenario.model import (
     StoreDown,
     Traffic,
 )
+from llmgw_twin.twin.scenario.topo_actions import (
+    LeafDown,
+    NvlinkDegraded,
+    NvlinkDomainDown,
+    SpineDown,
+)
 from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.units import setting_keys
 
@@ -83,6 +89,10 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             return SlowNode(node, num, den, _ms(for_ms, factor, 1))
         case DelayHeartbeats(nodes=nodes, by_ms=by_ms, for_ms=for_ms):
             return DelayHeartbeats(nodes, _ms(by_ms, factor, 1), _ms(for_ms, factor, 1))
+        case LeafDown() | SpineDown() | NvlinkDegraded():
+            return replace(action, for_ms=_ms(action.for_ms, factor, 1))
+        case NvlinkDomainDown(for_ms=for_ms) if for_ms is not None:
+            return replace(action, for_ms=_ms(for_ms, factor, 1))
         case (
             KillNode()
             | CrashNode()
@@ -97,6 +107,7 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
             | KillController()
             | ClockSkew()
             | AddNode()
+            | NvlinkDomainDown()
         ):
             return action  # instantaneous: only its time moves, and `at_ms` is scaled apart
         case _:

@@ -12,6 +12,7 @@ deployment deleted) go through the controller's admin entry point like an API ca
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import partial
 from typing import assert_never
 
 from llmgw_twin.control import protocol
@@ -48,10 +49,17 @@ from llmgw_twin.twin.scenario.model import (
     StallController,
     StoreDown,
 )
+from llmgw_twin.twin.scenario.topo_actions import (
+    LeafDown,
+    NvlinkDegraded,
+    NvlinkDomainDown,
+    SpineDown,
+)
 from llmgw_twin.twin.world.controller import ControllerShell
 from llmgw_twin.twin.world.leader import ControllerProcess
 from llmgw_twin.twin.world.shapes import shape_fault
 from llmgw_twin.twin.world.sim import World
+from llmgw_twin.twin.world.topo_faults import topology_fault
 
 ENGINE_CRASH_EXIT_CODE = 137
 """What a killed engine process exits with (128 + SIGKILL)."""
@@ -100,9 +108,7 @@ def schedule_faults(
                 controller.operator(_operator_call(fault.action))
             case Partition(nodes=nodes, for_ms=for_ms):
                 for node in nodes:  # overlapping partitions: the link heals with the last
-                    world.heartbeats.land(node)  # its heartbeats stop reaching the controller
-                    cuts[node] = cuts.get(node, 0) + 1
-                    world.network.cut_from_controller(node)
+                    _cut_off(world, cuts, node)
                 world.later(for_ms, lambda: _heal(world, nodes, cuts))
             case RestartController(down_for_ms=down_for_ms, controller=name):
                 proc = controller.crash(name)
@@ -119,6 +125,9 @@ def schedule_faults(
                 _engine_fault(world, fault.action)
             case CutFabricLink() | SlowNode() | DelayHeartbeats() | AddNode():
                 shape_fault(world, fault.action)
+            case LeafDown() | SpineDown() | NvlinkDomainDown() | NvlinkDegraded():
+                cut, heal = partial(_cut_off, world, cuts), partial(_heal_one, world, cuts)
+                topology_fault(world, fault.action, cut, heal)
             case _:
                 assert_never(fault.action)
 
@@ -209,6 +218,17 @@ def _operator_call(action: Cordon | DeleteDeployment) -> ControllerEvent:
             assert_never(action)
 
 
+def _cut_off(world: World, cuts: dict[NodeId, int], node: NodeId) -> None:
+    """`node`'s management link is cut (by a partition, or its leaf switch)."""
+    world.heartbeats.land(node)  # its heartbeats stop reaching the controller
+    cuts[node] = cuts.get(node, 0) + 1
+    world.network.cut_from_controller(node)
+
+
+def _heal_one(world: World, cuts: dict[NodeId, int], node: NodeId) -> None:
+    _heal(world, (node,), cuts)
+
+
 def _heal(world: World, nodes: tuple[NodeId, ...], cuts: dict[NodeId, int]) -> None:
     for node in nodes:
         cuts[node] -= 1
@@ -257,5 +277,13 @@ def fault_subjects(fault: Fault) -> dict[str, object]:
             return {"action": "delay_heartbeats", "nodes": nodes, "delay_ms": by_ms}
         case AddNode(info=info):
             return {"action": "add_node", "node": info.node, "fabric": info.fabric}
+        case LeafDown(leaf=leaf, nodes=nodes):
+            return {"action": "leaf_down", "leaf": leaf, "nodes": nodes}
+        case SpineDown(spine=spine, leaves=leaves):
+            return {"action": "spine_down", "spine": spine, "leaves": tuple(x for x, _ in leaves)}
+        case NvlinkDomainDown(domain=domain, nodes=nodes):
+            return {"action": "nvlink_domain_down", "domain": domain, "nodes": nodes}
+        case NvlinkDegraded(node=node):
+            return {"action": "nvlink_degraded", "node": node}
         case _:
             assert_never(fault.action)

@@ -45,6 +45,11 @@ class Network:
         """Nodes whose own fabric link is cut (`cut_fabric_link`), by outages still running."""
         self._down: set[FabricId] = set()
         """Fabrics whose links are all down (`fabric_down`)."""
+        self._splits: dict[str, tuple[int, dict[NodeId, str]]] = {}
+        """Spines down (`spine_down`): outages running, and the leaf each node under it is left
+        with."""
+        self._island: dict[NodeId, str] = {}
+        """Nodes cut off by a spine down: the island (spine and leaf) they still reach."""
 
     def fabric_of(self, node: NodeId) -> FabricId:
         return self._fabric_of[node]
@@ -67,6 +72,8 @@ class Network:
         fabric = self._fabric_of[a]
         if self._fabric_of[b] != fabric:
             return None  # fabrics are separate networks
+        if self._island and self._island.get(a, "") != self._island.get(b, ""):
+            return None  # a spine down split the fabric between them
         dist = self._fabric_cache.get(fabric)
         if dist is None:
             switch = _fabric_vertex(fabric)
@@ -135,3 +142,26 @@ class Network:
         del self._link_cuts[node]
         self.join(node, _fabric_vertex(self._fabric_of[node]), FABRIC_LINK_MS)
         return True
+
+    def split(self, spine: str, leaf_of: dict[NodeId, str]) -> None:
+        """A spine is down: each node of `leaf_of` reaches only the nodes of its own leaf (a
+        spine down again while down changes nothing more)."""
+        count = self._splits.get(spine, (0, leaf_of))[0]
+        self._splits[spine] = (count + 1, leaf_of)
+        self._islands()
+
+    def join_split(self, spine: str) -> None:
+        """An outage of the spine ends: with the last, its leaves reach the rest again."""
+        count, leaf_of = self._splits[spine]
+        if count > 1:
+            self._splits[spine] = (count - 1, leaf_of)
+            return
+        del self._splits[spine]
+        self._islands()
+
+    def _islands(self) -> None:
+        self._island = {
+            node: f"{spine}/{leaf}"
+            for spine, (_, leaf_of) in sorted(self._splits.items())
+            for node, leaf in leaf_of.items()
+        }

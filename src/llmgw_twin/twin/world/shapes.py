@@ -32,8 +32,8 @@ Shape = CutFabricLink | SlowNode | DelayHeartbeats | AddNode
 def shape_fault(world: World, action: Shape) -> None:
     match action:
         case CutFabricLink(node=node, for_ms=for_ms):
-            _cut_link(world, node)
-            world.later(for_ms, lambda: _heal_link(world, node))
+            cut_link(world, node)
+            world.later(for_ms, lambda: heal_link(world, node))
         case SlowNode(node=node, factor_num=num, factor_den=den, for_ms=for_ms):
             sim = world.nodes[node]
             factor = Fraction(num, den)
@@ -46,7 +46,8 @@ def shape_fault(world: World, action: Shape) -> None:
             world.nodes[info.node].boot()
 
 
-def _cut_link(world: World, node: NodeId) -> None:
+def cut_link(world: World, node: NodeId) -> None:
+    """The node's own fabric link goes down (`cut_fabric_link`, a leaf switch down)."""
     sim = world.nodes[node]
     if world.network.cut_link(node):
         sim.fabric_link(False)  # the inventory sees its port go down
@@ -56,6 +57,7 @@ def _cut_link(world: World, node: NodeId) -> None:
     world.peers_lost(replicas, node)
 
 
-def _heal_link(world: World, node: NodeId) -> None:
+def heal_link(world: World, node: NodeId) -> None:
+    """An outage of the node's own link ends (it is back with the last)."""
     if world.network.restore_link(node):
         world.nodes[node].fabric_link(True)
