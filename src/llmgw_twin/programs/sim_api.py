@@ -13,11 +13,14 @@ Invariants:
 - A stream is OpenAI's chunk format: one `data: {json}` event per token, a last chunk with the
   finish reason, a usage chunk when `stream_options.include_usage` asks for it, then
   `data: [DONE]`. Concatenating the deltas gives exactly the non-streamed text.
-- Each token costs `token_latency_ms` of wall time, streamed or not.
+- Each token costs `token_latency_ms` of wall time, streamed or not; unless the engine has a
+  batch (`--perf-model`, `sim_batcher.py`): then every prompt is a request of the twin's engine
+  model, answered when the model says (a streamed answer's first token when its prefill ends, the
+  rest when it is done), and one too large for the KV cache is refused with 400.
 - Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 404 for a model
   this engine does not serve, 400 for a malformed request.
-- The app holds no mutable state: serving it twice, or in-process through
-  `httpx.ASGITransport`, behaves the same.
+- The app holds no mutable state but its batch (none without `--perf-model`): serving it twice,
+  or in-process through `httpx.ASGITransport`, behaves the same.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmgw_twin.programs.sim_batcher import Batcher, Ticket, TooLarge
 from llmgw_twin.programs.sim_text import Generation, count_prompt_tokens, generate, render_chat
 
 DEFAULT_MAX_TOKENS = 256
@@ -52,6 +56,8 @@ class SimModel:
     max_tokens_default: int = DEFAULT_MAX_TOKENS
     clock: Callable[[], float] = time.time
     """Wall clock for the `created` fields only; never for the text."""
+    batcher: Batcher | None = None
+    """The engine model's batch (`--perf-model`); None: `token_latency_ms` a token."""
 
 
 class _Lenient(BaseModel):
@@ -114,13 +120,52 @@ def _sse(payload: dict[str, Any]) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+class _Pacing:
+    """How long an answer takes: the batch's word (`--perf-model`), or a fixed time a token."""
+
+    def __init__(self, batcher: Batcher | None, latency_s: float) -> None:
+        self.batcher = batcher
+        self.latency_s = latency_s
+
+    def tickets(self, jobs: Sequence[tuple[int, int]]) -> list[Ticket | None] | JSONResponse:
+        """One place in the batch per (prompt, output tokens) that generates anything."""
+        if self.batcher is None:
+            return [None] * len(jobs)
+        out: list[Ticket | None] = []
+        try:
+            for prompt, output in jobs:
+                out.append(None if output < 1 else self.batcher.submit(prompt, output))
+        except TooLarge as e:
+            self.release(out)
+            return _error(
+                400, str(e), "invalid_request_error", "messages", "context_length_exceeded"
+            )
+        return out
+
+    def release(self, held: Sequence[Ticket | None]) -> None:
+        for ticket in held:
+            if ticket is not None and self.batcher is not None:
+                self.batcher.cancel(ticket)
+
+    async def work(self, held: Sequence[Ticket | None], tokens: int) -> None:
+        if self.batcher is None:
+            if self.latency_s > 0 and tokens > 0:
+                await asyncio.sleep(self.latency_s * tokens)  # the simulated compute itself
+            return
+        try:
+            for ticket in held:
+                if ticket is not None:
+                    await ticket.done
+        finally:
+            self.release(held)
+
+
 def create_app(sim: SimModel) -> FastAPI:
     app = FastAPI(title=f"llmgw-twin sim engine: {sim.served_name}", docs_url=None, redoc_url=None)
     latency_s = sim.token_latency_ms / 1000
 
-    async def spend(tokens: int) -> None:
-        if latency_s > 0 and tokens > 0:
-            await asyncio.sleep(latency_s * tokens)  # the simulated compute itself
+    pacing = _Pacing(sim.batcher, latency_s)
+    tickets, release, work = pacing.tickets, pacing.release, pacing.work
 
     def unknown_model(req: _GenerationRequest) -> JSONResponse | None:
         if req.model is None or req.model in (sim.served_name, sim.model_path):
@@ -169,6 +214,9 @@ def create_app(sim: SimModel) -> FastAPI:
         prompt = render_chat([(m.role, m.text()) for m in req.messages])
         gen = generate(sim.served_name, prompt, cap(req, req.max_completion_tokens))
         prompt_tokens = count_prompt_tokens(prompt)
+        held = tickets([(prompt_tokens, len(gen.tokens))])
+        if isinstance(held, JSONResponse):
+            return held
         head = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "created": int(sim.clock()),
@@ -176,9 +224,11 @@ def create_app(sim: SimModel) -> FastAPI:
         }
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            chunks = _chat_chunks(head, gen, prompt_tokens, include_usage, latency_s)
-            return StreamingResponse(chunks, media_type="text/event-stream")
-        await spend(len(gen.tokens))
+            chunks = _chat_chunks(head, gen, prompt_tokens, include_usage, latency_s, held[0])
+            return StreamingResponse(
+                _released(chunks, held, release), media_type="text/event-stream"
+            )
+        await work(held, len(gen.tokens))
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": gen.text},
@@ -199,6 +249,11 @@ def create_app(sim: SimModel) -> FastAPI:
             return _error(400, "prompt is empty", "invalid_request_error", "prompt", "invalid")
         gens = [generate(sim.served_name, p, cap(req)) for p in prompts]
         prompt_tokens = sum(count_prompt_tokens(p) for p in prompts)
+        held = tickets(
+            [(count_prompt_tokens(p), len(g.tokens)) for p, g in zip(prompts, gens, strict=True)]
+        )
+        if isinstance(held, JSONResponse):
+            return held
         head = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "created": int(sim.clock()),
@@ -206,9 +261,11 @@ def create_app(sim: SimModel) -> FastAPI:
         }
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            chunks = _completion_chunks(head, gens, prompt_tokens, include_usage, latency_s)
-            return StreamingResponse(chunks, media_type="text/event-stream")
-        await spend(sum(len(g.tokens) for g in gens))
+            chunks = _completion_chunks(head, gens, prompt_tokens, include_usage, latency_s, held)
+            return StreamingResponse(
+                _released(chunks, held, release), media_type="text/event-stream"
+            )
+        await work(held, sum(len(g.tokens) for g in gens))
         choices = [
             {"index": i, "text": g.text, "logprobs": None, "finish_reason": g.finish_reason}
             for i, g in enumerate(gens)
@@ -221,17 +278,46 @@ def create_app(sim: SimModel) -> FastAPI:
     return app
 
 
+async def _released(
+    chunks: AsyncIterator[bytes],
+    held: Sequence[Ticket | None],
+    release: Callable[[Sequence[Ticket | None]], None],
+) -> AsyncIterator[bytes]:
+    """The chunks; the batch places let go when the stream ends or its client goes away."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        release(held)
+
+
+async def _paced(ticket: Ticket | None, index: int, latency_s: float) -> None:
+    """Wait before a stream's token `index`: the batch's first token, then its end; or the
+    fixed latency a token."""
+    if ticket is None:
+        if latency_s > 0:
+            await asyncio.sleep(latency_s)
+    elif index == 0:
+        await ticket.first
+    elif index == 1:
+        await ticket.done
+
+
 async def _chat_chunks(
-    head: dict[str, Any], gen: Generation, prompt_tokens: int, include_usage: bool, latency_s: float
+    head: dict[str, Any],
+    gen: Generation,
+    prompt_tokens: int,
+    include_usage: bool,
+    latency_s: float,
+    ticket: Ticket | None = None,
 ) -> AsyncIterator[bytes]:
     def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
     yield _sse(chunk({"role": "assistant", "content": ""}, None))
-    for token in gen.tokens:
-        if latency_s > 0:
-            await asyncio.sleep(latency_s)
+    for i, token in enumerate(gen.tokens):
+        await _paced(ticket, i, latency_s)
         yield _sse(chunk({"content": token}, None))
     yield _sse(chunk({}, gen.finish_reason))
     if include_usage:
@@ -246,12 +332,13 @@ async def _completion_chunks(
     prompt_tokens: int,
     include_usage: bool,
     latency_s: float,
+    held: Sequence[Ticket | None] = (),
 ) -> AsyncIterator[bytes]:
     kind = "text_completion"
     for index, gen in enumerate(gens):
-        for token in gen.tokens:
-            if latency_s > 0:
-                await asyncio.sleep(latency_s)
+        ticket = held[index] if index < len(held) else None
+        for i, token in enumerate(gen.tokens):
+            await _paced(ticket, i, latency_s)
             choice = {"index": index, "text": token, "logprobs": None, "finish_reason": None}
             yield _sse({**head, "object": kind, "choices": [choice]})
         last = {"index": index, "text": "", "logprobs": None, "finish_reason": gen.finish_reason}

@@ -41,6 +41,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from llmgw_twin.engines.perf.model import EnginePerf
+from llmgw_twin.engines.perf.table import perf_from_arg
 from llmgw_twin.programs.sim_rendezvous import (
     PEER_LOSS_NOTICE_S,
     LeaderRendezvous,
@@ -74,6 +76,7 @@ class EngineConfig:
     max_tokens_default: int
     join_timeout_ms: int
     log_level: str
+    perf_model: EnginePerf | None = None
 
 
 def process_age_s() -> float:
@@ -113,6 +116,13 @@ def _endpoint(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _perf(text: str) -> EnginePerf:
+    try:
+        return perf_from_arg(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model path (reported, never read)")
     parser.add_argument(
@@ -142,6 +152,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_positive, default=8000, help="leader only: HTTP port")
     parser.add_argument(
         "--token-latency-ms", type=_non_negative, default=0, help="wall time per generated token"
+    )
+    parser.add_argument(
+        "--perf-model",
+        type=_perf,
+        metavar="ENTRY|FIELD=VALUE,...",
+        help="leader only: answer through the twin's engine model (continuous batching, a KV "
+        "cache that queues) with an entry of engines/perf/table.py or every field "
+        "(iteration_us=...,prefill_us_per_token=...,decode_us_per_token=...,max_batch=...,"
+        "kv_tokens=...); --token-latency-ms is then not used",
     )
     parser.add_argument(
         "--max-tokens-default",
@@ -179,6 +198,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
         max_tokens_default=args.max_tokens_default,
         join_timeout_ms=args.join_timeout_ms,
         log_level=args.log_level,
+        perf_model=args.perf_model,
     )
 
 
@@ -332,7 +352,16 @@ async def _serve(cfg: EngineConfig, rdv: LeaderRendezvous, tasks: _Tasks) -> int
         log.error("cannot bind the HTTP port %s:%d: %s", cfg.host, cfg.port, e)
         await rdv.close(clean=False)
         return EXIT_CONFIG
-    sim = SimModel(cfg.served_name, cfg.model_path, cfg.token_latency_ms, cfg.max_tokens_default)
+    from llmgw_twin.programs.sim_batcher import Batcher
+
+    batcher = None if cfg.perf_model is None else Batcher(cfg.perf_model)
+    sim = SimModel(
+        cfg.served_name,
+        cfg.model_path,
+        cfg.token_latency_ms,
+        cfg.max_tokens_default,
+        batcher=batcher,
+    )
     server = http_server(sim, cfg.log_level, GRACEFUL_SHUTDOWN_S)
     serving = tasks.add("serve", server.serve(sockets=[sock]))
     rdv.broadcast("serving")

@@ -132,14 +132,18 @@ class _Request:
 class BatchEngine:
     """One engine's batch, queue and cache, advanced in exact time by its caller."""
 
-    def __init__(self, perf: EnginePerf) -> None:
+    def __init__(self, perf: EnginePerf, stream: bool = False) -> None:
+        """`stream`: keep each request's first token for `first_tokens` (a server that streams);
+        without it nothing is kept past a request's end."""
         self.perf = perf
+        self._stream = stream
         self.slow = Fraction(1)
         """Every iteration started from now on takes this many times as long (a straggler)."""
         self._queue: deque[_Request] = deque()
         self._running: dict[int, _Request] = {}
         self._finishing: list[tuple[int, int]] = []  # heap of (finish_iter, key); lazy deletion
         self._done: deque[Served] = deque()  # finished, at or before `_free_at_us`
+        self._firsts: deque[tuple[int, int]] = deque()  # (first token's time, key), in order
         self._kv_used = 0
         self._iters = 0  # iterations run so far: the next one's index
         self._free_at_us = 0  # the end of the last iteration run
@@ -211,6 +215,27 @@ class BatchEngine:
             out.append(served)
         return out
 
+    def first_tokens(self, now_us: int) -> list[int]:
+        """The keys of the requests whose first token came by `now_us` (after the iterations that
+        start before it), each once, in order; for a caller that streams."""
+        self._run_until(now_us)
+        out: list[int] = []
+        while self._firsts and self._firsts[0][0] <= now_us:
+            _, key = self._firsts.popleft()
+            if key in self._keys:
+                out.append(key)
+        return out
+
+    def next_first_token_us(self) -> int | None:
+        """When the next first token comes if no other request arrives or leaves; None when no
+        request waits for one, or the queue waits for a request to finish."""
+        if self._firsts:
+            return self._firsts[0][0]
+        admitted, prefill = self._admissible()
+        if not admitted:
+            return None
+        return self._free_at_us + self.perf.iteration(prefill, len(self._running), self.slow)
+
     def next_done_us(self) -> int | None:
         """When the next request finishes if no other arrives or leaves; None when idle."""
         if self._done:
@@ -277,6 +302,8 @@ class BatchEngine:
             self._kv_used += req.need
             req.admitted_us = start
             req.first_token_us = end
+            if self._stream:
+                self._firsts.append((end, req.key))
             req.finish_iter = index + req.output - 1
             self._running[req.key] = req
             heapq.heappush(self._finishing, (req.finish_iter, req.key))

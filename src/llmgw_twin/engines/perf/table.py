@@ -80,6 +80,39 @@ TABLE: dict[str, EnginePerf] = {e.name: e for e in ENTRIES}
 assert len(TABLE) == len(ENTRIES), "engine performance entries must have unique names"
 
 
+FIELDS = ("iteration_us", "prefill_us_per_token", "decode_us_per_token", "max_batch", "kv_tokens")
+
+
+def perf_arg(perf: EnginePerf) -> str:
+    """`perf` as one command-line value: `iteration_us=1800,...,kv_tokens=65536` (exact)."""
+    return ",".join(f"{name}={getattr(perf, name)}" for name in FIELDS)
+
+
+def perf_from_arg(text: str) -> EnginePerf:
+    """An entry's name, or `perf_arg`'s form (every field; numbers may be decimals or
+    fractions); ValueError saying what is wrong otherwise."""
+    if "=" not in text:
+        try:
+            return perf_named(text)
+        except KeyError as err:
+            raise ValueError(err.args[0]) from None
+    values: dict[str, str] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in FIELDS:
+            raise ValueError(f"unknown field '{name.strip()}' (expected {', '.join(FIELDS)})")
+        values[name.strip()] = value.strip()
+    missing = [f for f in FIELDS if f not in values]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    try:
+        a, b, c = (Fraction(values[f]) for f in FIELDS[:3])
+        batch, kv = int(values["max_batch"]), int(values["kv_tokens"])
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"'{text}' has a field that is not a number") from None
+    return EnginePerf("command line", a, b, c, batch, kv, "the command line")
+
+
 def perf_named(name: str) -> EnginePerf:
     """The entry called `name`; KeyError naming the known ones otherwise."""
     try:

@@ -49,7 +49,7 @@ from llmgw_twin.twin.scenario.model import INVARIANTS, Fault, Scenario
 from llmgw_twin.twin.scenario.shapes import prescan_added
 from llmgw_twin.twin.scenario.topology import load_topology
 from llmgw_twin.twin.scenario.traffic import load_traffic
-from llmgw_twin.twin.scenario.workload import load_engine_model
+from llmgw_twin.twin.scenario.workload import load_engine_model, with_perf_args
 from llmgw_twin.units import (
     SettingKey,
     fmt_ms,
@@ -206,6 +206,7 @@ def _scenario(text: str, path: str) -> Scenario:
     traffic = () if traffic_node is None else load_traffic(traffic_node, known, base_dir)
     engine_node = top.get("engine_model")
     engine_model = () if engine_node is None else load_engine_model(engine_node, known)
+    profiles = with_perf_args(profiles, engine_model)  # the sim engine serves with it too
     known = replace(known, traffic=dict.fromkeys(t.model for t in traffic))
     expect_node = top.get("expect")
     expectations = () if expect_node is None else load_expectations(expect_node, known)

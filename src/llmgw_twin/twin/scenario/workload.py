@@ -18,9 +18,9 @@ from pathlib import Path
 from yaml.nodes import MappingNode, Node
 
 from llmgw_twin import units
-from llmgw_twin.control.model import ModelName, ProfileName
+from llmgw_twin.control.model import ModelName, Profile, ProfileName
 from llmgw_twin.engines.perf.model import EnginePerf
-from llmgw_twin.engines.perf.table import TABLE
+from llmgw_twin.engines.perf.table import TABLE, perf_arg
 from llmgw_twin.twin.scenario import yamlnodes as yn
 from llmgw_twin.twin.scenario.arrivals import TraceError, expected_requests, read_trace
 from llmgw_twin.twin.scenario.faults import Known
@@ -213,6 +213,21 @@ def load_engine_model(node: Node, known: Known) -> tuple[EngineModel, ...]:
             )
         )
     return tuple(out)
+
+
+def with_perf_args(
+    profiles: tuple[Profile, ...], models: tuple[EngineModel, ...]
+) -> tuple[Profile, ...]:
+    """Each `sim` profile with an engine model gets `--perf-model` among its args, so that the
+    runnable sim engine (real mode) answers as the twin's model does; other engines have their
+    own pace."""
+    perf = {m.profile: m.perf for m in models}
+    return tuple(
+        replace(p, args=(*p.args, "--perf-model", perf_arg(perf[p.name])))
+        if p.engine == "sim" and p.name in perf
+        else p
+        for p in profiles
+    )
 
 
 def _entry(node: Node, where: str) -> EnginePerf:
