@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import assert_never
 
 from llmgw_twin.control.answers import FirstJudgement
+from llmgw_twin.control.autoscale import Autoscaler, LoadSample
 from llmgw_twin.control.defrag import Defragmenter
 from llmgw_twin.control.drain import Drainer
 from llmgw_twin.control.durable import (
@@ -39,6 +40,7 @@ from llmgw_twin.control.durable import (
 )
 from llmgw_twin.control.lifecycle import Lifecycle
 from llmgw_twin.control.model import (
+    Deployment,
     NodeId,
     NodeInfo,
     NodeState,
@@ -50,6 +52,7 @@ from llmgw_twin.control.nodes import NodeRegistry
 from llmgw_twin.control.operator import Operator
 from llmgw_twin.control.parts import Books, Liveness
 from llmgw_twin.control.protocol import (
+    ApplyAutoscale,
     ApplyDeployment,
     ApplyProfile,
     AssignShards,
@@ -62,6 +65,7 @@ from llmgw_twin.control.protocol import (
     DeleteDeployment,
     Drain,
     Heartbeat,
+    LoadReport,
     NodeRegistered,
     RequestReport,
     Step,
@@ -116,6 +120,7 @@ class Controller(ControllerViews):
             self._drain,
             self._rollout,
         )
+        self._autoscaler = Autoscaler()
         self._clock_written_ms: int | None = None
         self._quiet_until_ms: int | None = None
         """After a reconcile with nothing under way: the earliest deadline (`control/wake.py`)."""
@@ -234,6 +239,10 @@ class Controller(ControllerViews):
                 | Drain()
             ):
                 self._operator.handle(event)
+            case ApplyAutoscale(policy=policy):
+                self._autoscaler.set_policy(policy)
+            case LoadReport(samples=samples):
+                self._autoscale(samples, now_ms)
             case ControllerLagged(lag_ms=lag_ms):
                 if lag_ms <= 0:
                     raise ValueError("a lag is a positive number of milliseconds")
@@ -243,6 +252,30 @@ class Controller(ControllerViews):
             case _:
                 assert_never(event)
         return self._out.flush()
+
+    def _autoscale(self, samples: tuple[LoadSample, ...], now_ms: int) -> None:
+        """Each autoscaled model's count from its load (`control/autoscale.py`): changed as the
+        operator changes it, and said as `deployment.scaled`."""
+        for sample in samples:
+            self._autoscaler.observe(sample, now_ms)
+        for sample in samples:
+            dep = self._deployments.get(sample.model)
+            if dep is None:
+                continue
+            moving = any(self._moves.moving(r.id) for r in self._replicas.live(dep.model))
+            decision = self._autoscaler.decide(dep.model, dep.replicas, now_ms, sample.held, moving)
+            if decision is None:
+                continue
+            self._operator.handle(
+                ApplyDeployment(Deployment(dep.model, dep.profile, decision.replicas))
+            )
+            self._out.emit(
+                "deployment.scaled",
+                model=dep.model,
+                replicas=decision.replicas,
+                was=dep.replicas,
+                reason=decision.reason,
+            )
 
     def start(self, now_ms: int, *, awaits_delivery: bool = False) -> Step:
         """The controller process came up. It restores what its store holds, asks every known

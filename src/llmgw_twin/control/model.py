@@ -61,6 +61,7 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "replica.moved",
     "replica.move_aborted",
     "deployment.deleted",
+    "deployment.scaled",
     "deployment.profile_changed",
     "deployment.rolled_out",
     "controller.started",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmgw_twin.control.autoscale import AutoscalePolicy, LoadSample
 from llmgw_twin.control.durable import Write
 from llmgw_twin.control.model import (
     Deployment,
@@ -127,6 +128,22 @@ class ControllerLagged:
     lag_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ApplyAutoscale:
+    """Set a model's autoscaling policy (`control/autoscale.py`); the shell says it at every
+    controller start, from its configuration, as it does the timings."""
+
+    policy: AutoscalePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """The autoscaled models' load now (the router's and engines' figures), from the shell,
+    every policy's `interval`."""
+
+    samples: tuple[LoadSample, ...]
+
+
 ControllerEvent = (
     NodeRegistered
     | Heartbeat
@@ -138,6 +155,8 @@ ControllerEvent = (
     | Cordon
     | Drain
     | ControllerLagged
+    | ApplyAutoscale
+    | LoadReport
 )
 
 # --- out of the controller -------------------------------------------------------------------

@@ -71,6 +71,24 @@ def wanted(scenario: Scenario) -> dict[str, Series]:
     return out
 
 
+def replica_ms(trace: tuple[TraceEvent, ...], end_ms: int) -> dict[str, int]:
+    """Per model, the time its replicas held GPUs, summed: from `replica.placed` (or a
+    `replica.adopted`) to `replica.failed` or `replica.reaped` (or the run's end). What a fixed
+    count or an autoscaler costs, in replica-milliseconds."""
+    since: dict[str, tuple[str, int]] = {}
+    out: dict[str, int] = {}
+    for ev in trace:
+        rid, model = str(ev.get("replica")), str(ev.get("model"))
+        if ev.kind in ("replica.placed", "replica.adopted") and rid not in since:
+            since[rid] = (model, ev.t_ms)
+        elif ev.kind in ("replica.failed", "replica.reaped") and rid in since:
+            m, t0 = since.pop(rid)
+            out[m] = out.get(m, 0) + ev.t_ms - t0
+    for m, t0 in since.values():
+        out[m] = out.get(m, 0) + end_ms - t0
+    return out
+
+
 def at(series: Series, t_ms: int) -> int:
     """The count a series holds at `t_ms`."""
     count = series[0][1]

@@ -58,7 +58,7 @@ PROFILE_KEYS = (
     "nvlink",
     "leaves",
 )
-DEPLOYMENT_KEYS = ("model", "profile", "replicas")
+DEPLOYMENT_KEYS = ("model", "profile", "replicas", "autoscale")
 
 DEFAULT_GPUS = 8
 DEFAULT_GPU_MEMORY_MIB = 80 * 1024

@@ -26,6 +26,7 @@ from yaml.nodes import Node
 
 from llmgw_twin.control.model import Timings
 from llmgw_twin.twin.scenario import yamlnodes as yn
+from llmgw_twin.twin.scenario.autoscale import load_autoscale
 from llmgw_twin.twin.scenario.expect import load_expectations
 from llmgw_twin.twin.scenario.faults import Known, load_faults
 from llmgw_twin.twin.scenario.fleet import (
@@ -169,6 +170,9 @@ def _scenario(text: str, path: str) -> Scenario:
         if deployments_node is None
         else load_deployments(deployments_node, profiles)
     )
+    autoscale = (
+        () if deployments_node is None else load_autoscale(deployments_node, deployments, totals)
+    )
     work = steps(
         duration_ms,
         len(nodes) + len(added),
@@ -234,6 +238,7 @@ def _scenario(text: str, path: str) -> Scenario:
         invariants_off=invariants_off,
         controllers=controllers,
         initial=initial,
+        autoscale=autoscale,
     )
     if (events := event_steps(scenario)) > MAX_EVENT_STEPS:
         raise yn.Invalid.at(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmgw_twin.control.autoscale import AutoscalePolicy
 from llmgw_twin.control.model import (
     CONTROL_EVENT_KINDS,
     Deployment,
@@ -436,6 +437,8 @@ class Scenario:
     """Controller processes on the one store (`c1`..`cK`); c1 starts first and leads first."""
     engine_model: tuple[EngineModel, ...] = ()
     """Profiles whose replicas serve with the engine performance model (`engine_model:`)."""
+    autoscale: tuple[AutoscalePolicy, ...] = ()
+    """Deployments whose replica count follows their load (`deployments[].autoscale`)."""
     initial: Initial | None = None
     """The state the fleet starts in (`initial`, `twin/scenario/initial.py`); None: empty nodes
     and a controller that places every deployment from scratch."""

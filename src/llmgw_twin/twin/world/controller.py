@@ -24,6 +24,7 @@ from llmgw_twin.control.controller import QUIET_STEP, Controller
 from llmgw_twin.control.durable import Write
 from llmgw_twin.control.model import NodeId, TraceEvent
 from llmgw_twin.control.protocol import (
+    ApplyAutoscale,
     ApplyDeployment,
     ApplyProfile,
     Assigned,
@@ -32,6 +33,7 @@ from llmgw_twin.control.protocol import (
     ControllerCommand,
     ControllerEvent,
     Heartbeat,
+    LoadReport,
     NodeRegistered,
     ReportRequested,
     RequestReport,
@@ -40,6 +42,7 @@ from llmgw_twin.control.protocol import (
 from llmgw_twin.control.routing import Router
 from llmgw_twin.store.sqlite import Fenced, Store
 from llmgw_twin.twin.scenario.model import Scenario
+from llmgw_twin.twin.world.autoscale import LoadReporter
 from llmgw_twin.twin.world.checks import Invariants
 from llmgw_twin.twin.world.leader import ControllerProcess, StoreUnreachable
 from llmgw_twin.twin.world.reconciles import Reconciles
@@ -93,6 +96,8 @@ class ControllerShell:
             self.traffic = TrafficRouter(
                 scenario, world, self.checks, lambda: self.core, lambda: self.up
             )
+        self.load = LoadReporter(scenario, world, lambda: self.traffic, self.load_report)
+        """The autoscaled models' load, reported to the leader (`autoscale.py`)."""
         world.on_command = self._agent_answered
         for proc in self.procs:  # c1 first: it leads first
             proc.start()
@@ -167,6 +172,8 @@ class ControllerShell:
             if proc.core is None:
                 return
             self._initialized = True
+        for policy in self.scenario.autoscale:  # configuration, given at every start
+            self.step(proc, core.handle(ApplyAutoscale(policy), now))
         self.step(proc, core.start(now, awaits_delivery=True))
         if proc.core is None:
             return
@@ -249,6 +256,12 @@ class ControllerShell:
             proc, core = got  # in its own clock's time
             core.land(node, proc.local_at(last_seen_ms))
             self.reconciles.changed(proc, core)  # its silence counts again: judged on time
+
+    def load_report(self, msg: LoadReport) -> None:
+        """The models' load, to the leader; lost while none leads (the next one comes)."""
+        proc = self.leader()
+        if proc is not None and proc.core is not None:
+            self.step(proc, proc.core.handle(msg, proc.local()))
 
     def operator(self, msg: ControllerEvent) -> None:
         """An admin API call (a deployment change); while no controller leads the operator's
