@@ -33,6 +33,10 @@ REFUSED = {
     "slow-node": "a straggler runs in the twin only",
     "delay-heartbeats": "late heartbeats run in the twin only",
     "controller-clock-skew": "without a per-process clock (faketime)",
+    "leaf-down": "register without a topology",
+    "spine-down": "register without a topology",
+    "nvlink-domain-down": "register without a topology",
+    "placement-nvlink-domain": "register without a topology",
 }
 """Files whose faults real mode has no means for yet: refused up front, exit 2, with the reason
 (`realmode/refusals.py`, `REFUSED`)."""
