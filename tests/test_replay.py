@@ -164,6 +164,30 @@ def test_check_lists_each_decision_the_twin_did_not_make(
     printed = capsys.readouterr().out
     assert "check: the twin made 0 of the 3 logged decision(s)" in printed
     assert "not made: replica.failed model=slow replica=slow-r1 at +1m16s" in printed
+    # and the replay said so when it wrote the file
+    assert "caution: replica slow-r1 was loading when the window opened" in printed
+    assert "# caution: replica slow-r1 was loading" in out.read_text()
+
+
+def test_a_window_end_is_a_t_ms_a_wall_clock_time_or_a_duration(tmp_path: Path) -> None:
+    path, logged = _logged("node-loss")
+    report = _report(tmp_path, logged)
+    bodies = []
+    # a twin's t_ms count from 0, so 45 s is also 1970-01-01T00:00:45Z
+    for start, end in (("45s", "3m"), ("45000", "180000"), ("1970-01-01T00:00:45Z", "3m")):
+        out = tmp_path / "replay.yaml"
+        window = ["--from", start, "--to", end]
+        assert _replay([str(report), "--fleet", str(path), *window, "-o", str(out)]) == 0
+        bodies.append(out.read_text())
+    assert bodies[0] == bodies[1] == bodies[2]
+    data = yaml.safe_load(bodies[0])
+    assert data["duration"] == "2m27s"  # the window and the tolerance after it
+    # a window that closes before the loss shows no fault and pins no loss
+    out = tmp_path / "early.yaml"
+    assert _replay([str(report), "--fleet", str(path), "--to", "2m", "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    assert "faults" not in data
+    assert all(e["event"] == "replica.placed" for e in data["expect"])
 
 
 def test_a_gpu_the_log_names_decides_which_gpus_a_shard_holds(tmp_path: Path) -> None:

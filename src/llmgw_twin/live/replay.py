@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.live.replay_check import Decision, compare, decisions, expectations
 from llmgw_twin.live.replay_fold import Fold
 from llmgw_twin.live.replay_infer import REPORT_MS, Inferred, added_nodes, infer_faults
@@ -85,9 +86,14 @@ def main(args: argparse.Namespace) -> int:
     except (ReplayError, SnapshotError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        print(f"error: the log or the fleet is not as expected ({e!r})", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}: {replay.summary()}")
     for line in replay.notes():
         print(f"  {line}")
+    for line in replay.cautions:
+        print(f"  caution: {line}")
     if args.shrink:
         print(f"  shrunk: {dropped} fault(s) dropped that no expectation needs")
     if not args.check:
@@ -125,6 +131,8 @@ class Replay:
         self.faults: list[Inferred] = []
         self.logged: list[Decision] = []
         self.tolerance_ms = 0
+        self.cautions: list[str] = []
+        """What the window opens in the middle of, which the twin starts afresh."""
 
     def summary(self) -> str:
         start, end = self.window
@@ -135,19 +143,18 @@ class Replay:
         )
 
     def notes(self) -> list[str]:
-        return [f"+{fmt_duration(f.at_ms)} {f.action}: {f.note}" for f in self.faults]
+        start = self.window[0]
+        return [
+            f"+{fmt_duration(max(0, f.at_ms - start))} {f.action}: {f.note}"
+            + (" (it began before the window: from its start)" if f.at_ms < start else "")
+            for f in self.faults
+        ]
 
 
 def build(log: EventLog, fleet_raw: dict[str, Any], args: argparse.Namespace) -> tuple[str, Replay]:
     events = [ev for ev in log.events if ev.kind != "fault.injected"]
     fleet = _fleet(fleet_raw, args)
-    origin = events[0].t_ms
-    start = parse_time(args.start, origin) if args.start else origin
-    end = parse_time(args.end, origin) if args.end else events[-1].t_ms
-    if start < origin:
-        raise ReplayError(f"--from (t_ms {start}) is before the log's first event (t_ms {origin})")
-    if end < start:
-        raise ReplayError(f"--to (t_ms {end}) is before --from (t_ms {start})")
+    start, end = _window(args, events)
     before = [ev for ev in events if ev.t_ms < start]
     window = [ev for ev in events if start <= ev.t_ms <= end]
     fold = Fold(fleet)
@@ -155,6 +162,8 @@ def build(log: EventLog, fleet_raw: dict[str, Any], args: argparse.Namespace) ->
         fold.apply(ev)
     fold.honour_gpu_failures(window)
     initial = fold.initial(start)
+    silent = sorted(n for n, s in fold.state.items() if s == "suspect")
+    loading = sorted(r.id for r in fold.replicas.values() if r.state == "starting")
     start_ids = {r.id for r in fold.replicas.values() if r.state != "pending"}
     lost = {n for n, s in fold.state.items() if s == "lost"}
     deployments = [
@@ -172,41 +181,59 @@ def build(log: EventLog, fleet_raw: dict[str, Any], args: argparse.Namespace) ->
     )
     fabrics = {str(f): tuple(str(n) for n in ns) for f, ns in fleet.fabrics}
     faults = infer_faults(window, before, start, end, t, fabrics, lost, fold.scales)
-    logged = decisions(window, start, start_ids)
+    cluster = _cluster(fleet_raw)
+    for node, joined in added_nodes(events, t).items():
+        if joined >= start:
+            faults.append(_onboarded(cluster, fleet, node, joined))
+    faults.sort(key=lambda f: f.at_ms)
     replay = Replay((start, end), len(window), len(start_ids))
-    replay.faults, replay.logged, replay.tolerance_ms = faults, logged, tolerance
-    seed = args.seed if args.seed is not None else int(fleet_raw.get("seed") or 0)
+    replay.faults, replay.tolerance_ms = faults, tolerance
+    replay.logged = decisions(window, start, start_ids)
+    replay.cautions = _cautions(silent, loading, any(f.at_ms < start for f in faults))
     out: dict[str, Any] = {
         "name": args.name,
         "description": f"replay of {log.source}, t_ms {start}..{end}, written by llmgw-twin "
         "replay (docs/live-twin.md)",
-        "seed": seed,
+        "seed": args.seed if args.seed is not None else int(fleet_raw.get("seed") or 0),
         "duration": fmt_duration(end - start + tolerance),
+        **{key: fleet_raw[key] for key in FLEET_KEYS if key in fleet_raw},
+        "cluster": cluster,
+        "deployments": deployments,
     }
-    for key in FLEET_KEYS:
-        if key in fleet_raw:
-            out[key] = fleet_raw[key]
-    out["cluster"] = _cluster(fleet_raw)
-    for node, joined in added_nodes(events, t).items():
-        if joined >= start:
-            faults.append(_onboarded(out["cluster"], fleet, node, joined - start))
-    faults.sort(key=lambda f: f.at_ms)
-    out["deployments"] = deployments
     if before:
         out["initial"] = initial
     if faults:
-        out["faults"] = [_fault(i, f) for i, f in enumerate(faults, 1)]
-    if expect := expectations(logged, tolerance):
+        out["faults"] = [_fault(i, f, start) for i, f in enumerate(faults, 1)]
+    if expect := expectations(replay.logged, tolerance):
         out["expect"] = expect
-    head = [f"# llmgw-twin replay of {log.source}, t_ms {start}..{end} (docs/live-twin.md)"]
+    return _text(out, replay, log.source, str(args.out)), replay
+
+
+def _window(args: argparse.Namespace, events: list[TraceEvent]) -> tuple[int, int]:
+    origin = events[0].t_ms
+    start = parse_time(args.start, origin) if args.start else origin
+    end = parse_time(args.end, origin) if args.end else events[-1].t_ms
+    if start < origin:
+        raise ReplayError(f"--from (t_ms {start}) is before the log's first event (t_ms {origin})")
+    if end < start:
+        raise ReplayError(f"--to (t_ms {end}) is before --from (t_ms {start})")
+    return start, end
+
+
+def _text(out: dict[str, Any], replay: Replay, source: str, path: str) -> str:
+    """The file: a comment naming the source, the window, each fault and each caution; the
+    scenario, checked by the loader."""
+    start, end = replay.window
+    head = [f"# llmgw-twin replay of {source}, t_ms {start}..{end} (docs/live-twin.md)"]
     head += [f"# fault {line}" for line in replay.notes()]
+    head += [f"# caution: {line}" for line in replay.cautions]
     text = "\n".join(head) + "\n"
     text += yaml.safe_dump(out, sort_keys=False, default_flow_style=None, width=100)
     try:
-        load_scenario_text(text, str(args.out))
+        load_scenario_text(text, path)
     except ScenarioError as e:
         raise ReplayError(f"the replay is not a valid scenario: {e}") from None
-    return text, replay
+    return text
 
 
 def _cluster(raw: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +254,7 @@ def _cluster(raw: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
-def _onboarded(cluster: dict[str, Any], fleet: Scenario, node: str, at_ms: int) -> Inferred:
+def _onboarded(cluster: dict[str, Any], fleet: Scenario, node: str, joined: int) -> Inferred:
     """`add_node` for a node the log shows onboarded in the window, out of the boot-time fleet."""
     info = next(n for n in fleet.nodes if n.node == node)
     fabric = cluster["fabrics"][info.fabric]
@@ -235,8 +262,21 @@ def _onboarded(cluster: dict[str, Any], fleet: Scenario, node: str, at_ms: int) 
     cluster.get("nodes", {}).pop(node, None)
     value = {"node": node, "fabric": str(info.fabric), "gpus": info.gpus}
     value["engines"] = [str(e) for e in info.engines]
-    note = f"{node} joined at +{fmt_duration(at_ms)}, onboarded then"
-    return Inferred(max(0, at_ms - REPORT_MS), "add_node", value, note)
+    note = f"{node} joined at t_ms {joined}, onboarded then"
+    return Inferred(joined - REPORT_MS, "add_node", value, note)
+
+
+def _cautions(silent: list[str], loading: list[str], early: bool) -> list[str]:
+    """What the window opens in the middle of, which the twin can only start afresh."""
+    out = [
+        f"node {n} was silent when the window opened: its silence counts from it" for n in silent
+    ]
+    out += [
+        f"replica {r} was loading when the window opened: the twin loads it afresh" for r in loading
+    ]
+    if out or early:
+        out.append("open the window earlier (--from) to replay from before the incident")
+    return out
 
 
 def _fleet(raw: dict[str, Any], args: argparse.Namespace) -> Scenario:
@@ -248,11 +288,20 @@ def _fleet(raw: dict[str, Any], args: argparse.Namespace) -> Scenario:
         raise ReplayError(f"the fleet is not a valid scenario: {e}") from None
 
 
-def _fault(n: int, f: Inferred) -> dict[str, Any]:
+def _fault(n: int, f: Inferred, start: int) -> dict[str, Any]:
+    """The fault in the file: at its time from the window's start; one that began before it,
+    at the start, for what is left of it."""
+    early = max(0, start - f.at_ms)
     value = f.value
     if isinstance(value, dict):
-        value = {k: fmt_duration(int(v)) if k in _DURATIONS else v for k, v in value.items()}
-    return {"id": f"{f.action.replace('_', '-')}-{n}", "at": fmt_duration(f.at_ms), f.action: value}
+        value = {
+            k: fmt_duration(max(1000, int(v) - early) if k == "for" and early else int(v))
+            if k in _DURATIONS
+            else v
+            for k, v in value.items()
+        }
+    at = fmt_duration(max(0, f.at_ms - start))
+    return {"id": f"{f.action.replace('_', '-')}-{n}", "at": at, f.action: value}
 
 
 def check(text: str, path: str, replay: Replay) -> int:

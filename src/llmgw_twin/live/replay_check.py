@@ -11,6 +11,7 @@ decision the twin did not make, what it did instead where it can tell.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from llmgw_twin.control.model import TraceEvent
@@ -79,17 +80,18 @@ def compare(
     """(each logged decision the twin did not make, with why where known; each decision the
     twin made in the window that the log does not show)."""
     theirs = [ev for ev in trace if ev.kind in FILTERS]
+    by_kind: dict[str, list[int]] = {}  # indexes into `theirs`, in time order
+    for i, ev in enumerate(theirs):
+        by_kind.setdefault(ev.kind, []).append(i)
     used: set[int] = set()
     missed: list[str] = []
     for d in sorted(logged, key=lambda d: d.t_ms):
-        best = None
-        for i, ev in enumerate(theirs):
-            gap = abs(ev.t_ms - d.t_ms)
-            better = best is None or gap < best[0]
-            if i not in used and gap <= tolerance_ms and better and d.matches(ev):
-                best = (gap, i)
-        if best is not None:
-            used.add(best[1])
+        mine = by_kind.get(d.kind, [])
+        lo = bisect.bisect_left(mine, d.t_ms - tolerance_ms, key=lambda i: theirs[i].t_ms)
+        hi = bisect.bisect_right(mine, d.t_ms + tolerance_ms, key=lambda i: theirs[i].t_ms)
+        near = [i for i in mine[lo:hi] if i not in used and d.matches(theirs[i])]
+        if near:
+            used.add(min(near, key=lambda i: abs(theirs[i].t_ms - d.t_ms)))
             continue
         missed.append(f"{d.text()}: {_why(d, theirs, used)}")
     extra = [

@@ -2,7 +2,7 @@
 "How faults are inferred").
 
 Role: `infer_faults(...)` reads the window's events and returns `Inferred` faults, each at a
-time relative to the window's start, with a note saying which events it was read from. The rules
+time of the log, with a note saying which events it was read from. The rules
 (the table in the docs is their contract), in short:
 
 - a node's silence starts just after its last heartbeat: its first suspicion less
@@ -23,6 +23,7 @@ time relative to the window's start, with a note saying which events it was read
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ RESTART_DOWN_MS = 5_000
 @dataclass(frozen=True, slots=True)
 class Inferred:
     at_ms: int
+    """In the log's time: before the window's start when the fault began before it."""
     action: str
     value: object
     note: str
@@ -66,7 +68,7 @@ def infer_faults(
     for t, model, count in scales:
         if start_ms <= t <= end_ms:
             note = f"the wanted count of {model} became {count} at {rel.text(t)}"
-            out.append(Inferred(rel(t), "set_replicas", {"model": model, "replicas": count}, note))
+            out.append(Inferred(t, "set_replicas", {"model": model, "replicas": count}, note))
     return sorted(out, key=lambda f: f.at_ms)
 
 
@@ -145,7 +147,7 @@ def _silences(
                     note = f"{node} silent, then rebooted (joined at {rel.text(ev.t_ms)})"
                     mine.append(_down(window, node, stop, note, rel, t, nodes_of, explained))
                 note = f"{node} joined again at {rel.text(ev.t_ms)}: it booted"
-                mine.append(Inferred(rel(ev.t_ms - REPORT_MS), "restart_node", node, note))
+                mine.append(Inferred(ev.t_ms - REPORT_MS, "restart_node", node, note))
                 stop, off = None, False
             elif ev.kind == "node.recovered" and stop is not None:
                 if off and mine and mine[-1].action in ("kill_node", "crash_node"):
@@ -153,7 +155,7 @@ def _silences(
                 span = max(1000, ev.t_ms - half - stop)
                 note = f"{node} heard again at {rel.text(ev.t_ms)} without rebooting: cut off"
                 part = {"nodes": [node], "for": span}
-                mine.append(Inferred(rel(stop), "partition", part, note))
+                mine.append(Inferred(stop, "partition", part, note))
                 stop, off = None, False
         out += mine
     return out
@@ -171,18 +173,20 @@ def _down(
 ) -> Inferred:
     """`kill_node` at `stop`, or `crash_node` where a replica spanning the node failed on
     another node (its peer's socket closed) in the interval its heartbeats stopped in."""
-    for i, ev in enumerate(window):
+    first = bisect.bisect_left(window, stop - 100, key=lambda e: e.t_ms)
+    last = bisect.bisect_right(window, stop + t.heartbeat_interval_ms + 100, key=lambda e: e.t_ms)
+    for i in range(first, last):
+        ev = window[i]
         if (
             ev.kind == "replica.failed"
-            and stop - 100 <= ev.t_ms <= stop + t.heartbeat_interval_ms + 100
             and ev.get("node") != node
             and node in nodes_of.get(str(ev.get("replica")), ())
             and _EXIT.match(str(ev.get("reason") or ""))
         ):
             explained.add(i)
             why = f"{note}; replica {ev.get('replica')} lost its peer on it at {rel.text(ev.t_ms)}"
-            return Inferred(rel(ev.t_ms - REPORT_MS), "crash_node", node, why)
-    return Inferred(rel(stop), "kill_node", node, note)
+            return Inferred(ev.t_ms - REPORT_MS, "crash_node", node, why)
+    return Inferred(stop, "kill_node", node, note)
 
 
 def _engines_and_gpus(
@@ -204,14 +208,14 @@ def _engines_and_gpus(
             hung.add((m.group(1), model))
             note = f"replica {rid} not answering at {rel.text(ev.t_ms)}"
             value = {"node": m.group(1), "replica_of": model}
-            out.append(Inferred(rel(ev.t_ms - t.probe_interval_ms), "hang_engine", value, note))
+            out.append(Inferred(ev.t_ms - t.probe_interval_ms, "hang_engine", value, note))
         elif ev.kind == "replica.failed" and reason.startswith("not ready within"):
             leader = nodes_of.get(rid, ())[:1]
             if leader:
                 began = _began(before + window, rid, leader[0])
                 note = f"replica {rid} {reason} ({rel.text(ev.t_ms)}): its engine never served"
                 value = {"node": leader[0], "replica_of": model}
-                out.append(Inferred(rel(began + 1), "hang_engine", value, note))
+                out.append(Inferred(began + 1, "hang_engine", value, note))
         elif ev.kind == "replica.failed" and i not in explained and _EXIT.match(reason):
             if (node, model) in hung:
                 continue
@@ -219,7 +223,7 @@ def _engines_and_gpus(
                 continue  # the GPU's failure, below
             note = f"replica {rid} failed at {rel.text(ev.t_ms)}: {reason}"
             value = {"node": node, "replica_of": model}
-            out.append(Inferred(rel(ev.t_ms - REPORT_MS), "kill_engine", value, note))
+            out.append(Inferred(ev.t_ms - REPORT_MS, "kill_engine", value, note))
     for g in gpu_fails:
         node = str(g.get("node"))
         first = min(
@@ -234,7 +238,7 @@ def _engines_and_gpus(
         )
         note = f"GPU {g.get('gpu')} of {node} failed at {rel.text(g.t_ms)}"
         value = {"node": node, "gpu": g.get("gpu")}
-        out.append(Inferred(rel(first - REPORT_MS), "fail_gpu", value, note))
+        out.append(Inferred(first - REPORT_MS, "fail_gpu", value, note))
     return out
 
 
@@ -274,7 +278,7 @@ def _links(
         back = [u.t_ms for u in ups if u.t_ms > ev.t_ms and str(u.get("node")) in nodes]
         span = max(1000, (min(back) if back else end_ms + 1000) - ev.t_ms)
         up_nodes = set(fabrics.get(fabric, ())) - lost_at_start
-        at = rel(ev.t_ms - REPORT_MS)
+        at = ev.t_ms - REPORT_MS
         if len(nodes) > 1 and up_nodes <= nodes:
             note = f"every link of {fabric} down at {rel.text(ev.t_ms)}"
             out.append(Inferred(at, "fabric_down", {"fabric": fabric, "for": span}, note))
@@ -313,10 +317,10 @@ def _restarts(
         )
         began = leader if leader is not None else ev.t_ms - t.reconcile_interval_ms
         last = max((e.t_ms for e in history[:k] if e.t_ms < began), default=began - 1)
-        died = max(last + 1, began - RESTART_DOWN_MS, rel.start_ms)
-        down = max(0, began - died)
+        died = max(last + 1, began - RESTART_DOWN_MS)
+        down = max(0, began - max(died, rel.start_ms))
         note = f"a controller started again at {rel.text(ev.t_ms)}"
-        out.append(Inferred(rel(died), "restart_controller", {"down_for": down}, note))
+        out.append(Inferred(died, "restart_controller", {"down_for": down}, note))
     return out
 
 
@@ -334,17 +338,17 @@ def _operator(window: list[TraceEvent], rel: _Clock) -> list[Inferred]:
         if ev.kind == "controller.lagged" and isinstance(lag, int) and lag > 0:
             note = f"the controller found itself {lag} ms late at {rel.text(ev.t_ms)}"
             value = {"controller": "leader", "for": lag}
-            out.append(Inferred(rel(ev.t_ms - lag), "stall_controller", value, note))
+            out.append(Inferred(ev.t_ms - lag, "stall_controller", value, note))
     draining = {(ev.t_ms, ev.get("node")) for ev in window if ev.kind == "node.draining"}
     for ev in window:
         note = f"{ev.kind} at {rel.text(ev.t_ms)}: the operator's call"
         if ev.kind in _OPERATOR:
             if ev.kind == "node.cordoned" and (ev.t_ms, ev.get("node")) in draining:
                 continue
-            out.append(Inferred(rel(ev.t_ms), _OPERATOR[ev.kind], str(ev.get("node")), note))
+            out.append(Inferred(ev.t_ms, _OPERATOR[ev.kind], str(ev.get("node")), note))
         elif ev.kind == "deployment.profile_changed":
             value = {"model": ev.get("model"), "profile": ev.get("profile")}
-            out.append(Inferred(rel(ev.t_ms), "set_profile", value, note))
+            out.append(Inferred(ev.t_ms, "set_profile", value, note))
         elif ev.kind == "deployment.deleted":
-            out.append(Inferred(rel(ev.t_ms), "delete_deployment", str(ev.get("model")), note))
+            out.append(Inferred(ev.t_ms, "delete_deployment", str(ev.get("model")), note))
     return out
