@@ -253,6 +253,7 @@ FLEET_EDIT = {"node04": "node09", "big": "huge"}
         ("model", "the log names model big"),
         ("no-fleet", "a log file needs --fleet FILE"),
         ("window", "--to (t_ms 60000) is before --from (t_ms 120000)"),
+        ("tolerance", "--tolerance: unknown unit 'x'"),
     ],
 )
 def test_a_log_that_is_not_whole_or_not_ours_is_one_line_and_no_file(
@@ -293,6 +294,8 @@ def test_a_log_that_is_not_whole_or_not_ours_is_one_line_and_no_file(
         fleet.write_text(raw.replace(old, FLEET_EDIT[old]))
     elif damage == "window":
         args = ["--from", "2m", "--to", "1m"]
+    elif damage == "tolerance":
+        args = ["--tolerance", "5x"]
     log.write_text(text)
     out = tmp_path / "replay.yaml"
     out.write_text("the file from before\n")

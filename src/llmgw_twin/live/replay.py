@@ -102,23 +102,24 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _inputs(args: argparse.Namespace) -> tuple[EventLog, dict[str, Any]]:
-    if args.log is not None:
+    if args.log is None:
+        log = fetch_log(args)
         if args.fleet is None:
-            raise ReplayError(
-                "a log file needs --fleet FILE (a scenario, e.g. from llmgw-twin snapshot) for "
-                "its nodes, profiles and deployments"
-            )
+            return log, scenario(fetch_state(args), "fleet", 60_000, 0)
+    elif args.fleet is None:
+        raise ReplayError(
+            "a log file needs --fleet FILE (a scenario, e.g. from llmgw-twin snapshot) for "
+            "its nodes, profiles and deployments"
+        )
+    else:
         log = read_log(args.log)
-        try:
-            raw = yaml.safe_load(args.fleet.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise ReplayError(f"cannot read the fleet {args.fleet}: {e}") from None
-        if not isinstance(raw, dict) or "cluster" not in raw:
-            raise ReplayError(f"{args.fleet}: not a scenario (no cluster)")
-        return log, raw
-    log = fetch_log(args)
-    state = fetch_state(args)
-    return log, scenario(state, "fleet", 60_000, 0)
+    try:
+        raw = yaml.safe_load(args.fleet.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ReplayError(f"cannot read the fleet {args.fleet}: {e}") from None
+    if not isinstance(raw, dict) or "cluster" not in raw:
+        raise ReplayError(f"{args.fleet}: not a scenario (no cluster)")
+    return log, raw
 
 
 class Replay:
@@ -174,11 +175,12 @@ def build(log: EventLog, fleet_raw: dict[str, Any], args: argparse.Namespace) ->
     for ev in window:  # the names checked, the wanted counts followed
         fold.apply(ev)
     t = fleet.timings
-    tolerance = (
-        parse_duration(args.tolerance)
-        if args.tolerance
-        else max(2_000, t.heartbeat_interval_ms + 2 * t.reconcile_interval_ms)
-    )
+    tolerance = max(2_000, t.heartbeat_interval_ms + 2 * t.reconcile_interval_ms)
+    if args.tolerance:
+        try:
+            tolerance = parse_duration(args.tolerance)
+        except ValueError as e:
+            raise ReplayError(f"--tolerance: {e}") from None
     fabrics = {str(f): tuple(str(n) for n in ns) for f, ns in fleet.fabrics}
     faults = infer_faults(window, before, start, end, t, fabrics, lost, fold.scales)
     cluster = _cluster(fleet_raw)
