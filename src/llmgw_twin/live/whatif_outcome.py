@@ -51,7 +51,7 @@ class Outcome:
     def of(cls, result: RunResult, at_ms: int) -> Outcome:
         after = [ev for ev in result.trace if ev.t_ms >= at_ms]
         end = result.virtual_ms
-        want = capacity.wanted(result.scenario)
+        want = capacity.wanted(result.scenario, result.trace)
         serve = capacity.serving(result.trace, list(want))
         whole = capacity.whole_again(serve, want, at_ms, end)
         short = tuple(

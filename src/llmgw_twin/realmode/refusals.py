@@ -118,6 +118,10 @@ RULES_REFUSED = (
     "NVLink domain, so they register without a topology and a multi-node replica with "
     "topology rules could never be placed (the twin reads cluster.topology)"
 )
+AUTOSCALE_REFUSED = (
+    "the controller service takes no autoscale policy from its configuration and reads no "
+    "router's or engine's load yet, so the autoscaler runs in the twin only"
+)
 PARTITION_REFUSED = {
     "agents": (
         "a node's address is one per node in the store, shared by every controller, so the "
@@ -149,6 +153,11 @@ def check_real_supported(scenario: Scenario) -> None:
                 f"{scenario.path}: profile {profile.name} has topology rules (nvlink, leaves), "
                 f"not supported in real mode yet: {RULES_REFUSED}"
             )
+    if scenario.autoscale:
+        raise ValueError(
+            f"{scenario.path}: deployments with autoscale are not supported in real mode yet: "
+            f"{AUTOSCALE_REFUSED}"
+        )
     names = {None, "leader", *(f"c{i + 1}" for i in range(scenario.controllers))}
     for fault in scenario.faults:
         if (

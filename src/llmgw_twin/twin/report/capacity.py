@@ -59,15 +59,24 @@ def serving(trace: tuple[TraceEvent, ...], models: list[str]) -> dict[str, Serie
     return out
 
 
-def wanted(scenario: Scenario) -> dict[str, Series]:
-    """Per model, the replicas its deployment asks for, as steps over the run."""
+def wanted(scenario: Scenario, trace: tuple[TraceEvent, ...] = ()) -> dict[str, Series]:
+    """Per model, the replicas its deployment asks for, as steps over the run: the file's
+    counts, changed by its `set_replicas` and `delete_deployment` faults and by the
+    autoscaler's `deployment.scaled` events in `trace`."""
     out: dict[str, Series] = {str(d.model): [(0, d.replicas)] for d in scenario.deployments}
-    for f in scenario.faults:
+    changes: list[tuple[int, int, str, int]] = []
+    for i, f in enumerate(scenario.faults):
         a = f.action
         if isinstance(a, SetReplicas):
-            _step(out.setdefault(str(a.model), [(0, 0)]), f.at_ms, a.replicas)
-        elif isinstance(a, DeleteDeployment) and str(a.model) in out:
-            _step(out[str(a.model)], f.at_ms, 0)
+            changes.append((f.at_ms, i, str(a.model), a.replicas))
+        elif isinstance(a, DeleteDeployment):
+            changes.append((f.at_ms, i, str(a.model), 0))
+    base = len(scenario.faults)
+    for i, ev in enumerate(trace):
+        if ev.kind == "deployment.scaled":
+            changes.append((ev.t_ms, base + i, str(ev.get("model")), int(str(ev.get("replicas")))))
+    for t_ms, _, model, count in sorted(changes):
+        _step(out.setdefault(model, [(0, 0)]), t_ms, count)
     return out
 
 

@@ -269,7 +269,7 @@ class _Page:
 
     def capacity(self) -> str:
         """Per model, a step line of the replicas serving (solid) and wanted (dashed)."""
-        want = capacity.wanted(self.sc)
+        want = capacity.wanted(self.sc, self.result.trace)
         serve = capacity.serving(self.result.trace, list(want))
         rows = []
         for model in sorted(serve):

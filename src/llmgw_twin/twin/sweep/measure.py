@@ -99,7 +99,7 @@ def measure(result: RunResult) -> Measure:
             detections.append(ev.t_ms - max(starts))
         else:
             false += 1
-    want = capacity.wanted(sc)
+    want = capacity.wanted(sc, result.trace)
     serve = capacity.serving(result.trace, list(want))
     first = min((f.at_ms for f in sc.faults), default=None)
     since = 0 if first is None else first

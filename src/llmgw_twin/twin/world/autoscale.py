@@ -52,7 +52,7 @@ class LoadReporter:
         if traffic is None:
             return LoadSample(model, Fraction(0), 0)
         routes = traffic.router.routes(model)
-        held = 0
+        held = traffic.held(model)
         serving = len(routes)
         value = Fraction(0)
         if policy.signal == "outstanding":

@@ -55,6 +55,10 @@ TOKEN_MS = 2
 """And per token after it."""
 
 
+HOLD_POLL_MS = 250
+"""How often requests held for a model at zero replicas look for a replica."""
+
+
 class Answer(Enum):
     OK = "ok"
     REFUSED = "refused"  # nothing listens: the leader's process is gone
@@ -120,6 +124,9 @@ class TrafficRouter:
         self._ejections: dict[ModelName, int] = dict.fromkeys(self.counts, 0)
         self._ready_when_down: frozenset[ReplicaId] = frozenset()
         self._end_ms = scenario.duration_ms
+        self._zero_models = frozenset(p.model for p in scenario.autoscale if p.scale_to_zero)
+        """Models that may scale to zero: a request finding no replica is held, not failed."""
+        self._held: dict[ModelName, list[tuple[Traffic, Arrival, int]]] = {}
         self._inflight: dict[ReplicaId, list[_Pending]] = {}
         """Requests a replica has accepted and not answered yet."""
         world.on_engine_stopped = self.engine_stopped
@@ -174,6 +181,35 @@ class TrafficRouter:
 
         self.world.later(req.at_ms - self.world.now, arrive)
 
+    def held(self, model: ModelName) -> int:
+        """Requests waiting for a replica of a model scaled to zero."""
+        return len(self._held.get(model, ()))
+
+    def _hold(self, traffic: Traffic, req: Arrival) -> None:
+        """A request to a model that may scale to zero and has no replica: held, as a scale-
+        from-zero proxy holds it, until a replica serves or the router's first-byte timeout
+        passes (then it fails as one with no replica would)."""
+        held = self._held.setdefault(traffic.model, [])
+        held.append((traffic, req, self.world.now + self.timeouts.first_byte_ms))
+        if len(held) == 1:
+            self.world.later(HOLD_POLL_MS, lambda: self._release(traffic.model))
+
+    def _release(self, model: ModelName) -> None:
+        held, self._held[model] = self._held.get(model, []), []
+        now = self.world.now
+        routable = bool(self.router.routes(model))
+        for traffic, req, deadline in held:
+            if routable:
+                self._attempt(traffic, req, first=None, died=False)
+            elif now >= deadline:
+                counts = self.counts[model]
+                counts.failed_at.append(req.at_ms)
+                counts.no_replica += 1
+            else:
+                self._held[model].append((traffic, req, deadline))
+        if self._held[model]:
+            self.world.later(HOLD_POLL_MS, lambda: self._release(model))
+
     def _request(self, traffic: Traffic, req: Arrival) -> None:
         counts = self.counts[traffic.model]
         counts.arrivals.append(req.at_ms)
@@ -187,6 +223,9 @@ class TrafficRouter:
         exclude = () if first is None else (first,)
         route = self.router.pick(traffic.model, now, exclude)
         if route is None:
+            if first is None and not died and traffic.model in self._zero_models:
+                self._hold(traffic, req)  # scaled to zero: wait for a replica to load
+                return
             counts.failed_at.append(req.at_ms)
             counts.no_replica += 1
             counts.in_flight += died
