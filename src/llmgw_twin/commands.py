@@ -67,6 +67,13 @@ COMMANDS: tuple[Command, ...] = (
         SIMULATE,
     ),
     Command(
+        ("calibrate",),
+        "llmgw_twin.programs.calibrate",
+        "fit the engine model to a running engine (llama-server, vLLM, SGLang, the sim engine) "
+        "and report how well it predicts a held-out load (docs/engine-model.md)",
+        SIMULATE,
+    ),
+    Command(
         ("snapshot",),
         f"{_OPS}.snapshot",
         "write a live controller's fleet as a scenario file the twin starts from "
