@@ -34,6 +34,7 @@ from llmgw_twin.twin.fuzz.leaders import (
 from llmgw_twin.twin.fuzz.plan import Plan, PlanDeployment, PlanFault, PlanNode, PlanProfile
 from llmgw_twin.twin.fuzz.rollouts import ROLLOUT_KINDS, profile_faults, profile_heal, profile_line
 from llmgw_twin.twin.fuzz.shapes import SHAPE_KINDS, shape_faults, shape_line
+from llmgw_twin.twin.fuzz.topo import TOPOLOGY_KINDS, topology_faults, topology_line, topology_lines
 from llmgw_twin.units import fmt_duration, setting_keys
 
 SWARM_KINDS: tuple[str, ...] = (
@@ -54,7 +55,7 @@ OPERATOR_KINDS: tuple[str, ...] = ("cordon", "drain", "restart_agent")
 (`_operator_faults`), so that the plans of the kinds above are what they were before these came:
 a node cordoned or drained (uncordoned at the heal), an agent that dies alone and comes back."""
 FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS + CONTROLLER_KINDS + ROLLOUT_KINDS
-FAULT_KINDS += SHAPE_KINDS
+FAULT_KINDS += SHAPE_KINDS + TOPOLOGY_KINDS
 
 FABRIC_NAMES = ("ib-a", "ib-b", "ib-c")
 SLACK_MS = 30_000
@@ -121,6 +122,9 @@ def generate(seed: int) -> Plan:
     extra, more = shape_faults(seed, plan, start_ms)  # `shapes.py`
     enabled += more
     faults += extra
+    topology, extra, more = topology_faults(seed, plan, start_ms)  # `topo.py`
+    enabled += more
+    faults += extra
     faults.sort(key=lambda f: f.at_ms)  # stable: ties keep the order they were drawn in
     return Plan(
         seed,
@@ -132,6 +136,7 @@ def generate(seed: int) -> Plan:
         heal_at_ms,
         enabled,
         controllers,
+        topology,
     )
 
 
@@ -364,6 +369,8 @@ def _fault_line(f: PlanFault, fault_id: str) -> str:
             body = profile_line(f)
         case "cut_fabric_link" | "slow_node" | "delay_heartbeats" | "add_node":
             body = shape_line(f)
+        case "leaf_down" | "spine_down" | "nvlink_domain_down" | "nvlink_degraded":
+            body = topology_line(f)
         case _:
             body = controller_line(f)
     return head + body + "}"
@@ -394,6 +401,7 @@ def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
         "  nodes:",
         "    default: {gpus: 8, gpu_memory: 80GiB, engines: [sim]}",
         *(f"    {n.name}: {{gpus: {n.gpus}}}" for n in plan.nodes if n.gpus != 8),
+        *topology_lines(plan.topology),
     ]
     if plan.profiles:
         out += ["", "profiles:"]

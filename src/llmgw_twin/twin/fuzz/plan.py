@@ -54,12 +54,27 @@ class PlanFault:
     gpus: int = 0
     """`add_node`: the added node's GPUs."""
     profile: str = ""
+    group: str = ""
+    """A topology fault's leaf, spine or NVLink domain."""
 
     @property
     def end_ms(self) -> int:
         """When the fault is over (partitions, outages, the last late heartbeat landed); its
         instant for the others."""
         return self.at_ms + self.for_ms + self.by_ms
+
+
+Groups = tuple[tuple[str, tuple[str, ...]], ...]
+"""Names to members, in order: a leaf's or a domain's nodes, a spine's leaves."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTopology:
+    """The plan's `cluster.topology` (`topo.py`)."""
+
+    leaves: Groups
+    spines: Groups
+    domains: Groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,8 @@ class Plan:
     """The fault kinds this seed enabled (swarm testing); `faults` draws only from these."""
     controllers: int = 1
     """Controller processes on the one store (`cluster.controllers`)."""
+    topology: PlanTopology | None = None
+    """Leaves, spines and NVLink domains, in about a third of the seeds (`topo.py`)."""
 
     @property
     def nodes(self) -> tuple[PlanNode, ...]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
+from llmgw_twin.twin.fuzz import topo
 from llmgw_twin.twin.fuzz.gen import duration_ms, scenario_text
 from llmgw_twin.twin.fuzz.judge import Shrunk, Verdict, judge_plan
 from llmgw_twin.twin.fuzz.plan import Plan, PlanFault
@@ -155,4 +156,4 @@ def without_nodes(plan: Plan, gone: set[str]) -> Plan:
         if f.nodes and not nodes:
             continue
         faults.append(replace(f, nodes=nodes) if f.nodes else f)
-    return replace(plan, fabrics=fabrics, faults=tuple(faults))
+    return topo.without_nodes(replace(plan, fabrics=fabrics, faults=tuple(faults)))
