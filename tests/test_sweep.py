@@ -97,3 +97,15 @@ def test_true_and_false_losses_are_told_apart() -> None:
     m = measure(run_scenario(scenario))
     assert m.false_losses == 0 and m.detection_ms is not None and m.detection_ms <= 30_000
     assert m.passed
+
+
+def test_an_autoscaler_target_trades_replica_hours_for_latency(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = str(ROOT / "scenarios" / "autoscale-from-zero.yaml")
+    rows = _sweep(capsys, path, "--grid", "target.llama-8b=4,24", "--seeds", "1", "--jobs", "1")
+    low, high = rows
+    assert low["point"] == {"target.llama-8b": "4"}
+    assert low["replica_hours"]["mean"] > high["replica_hours"]["mean"]
+    assert low["ttft_p99_ms"]["mean"] <= high["ttft_p99_ms"]["mean"]
+    assert low["slo_met"]["mean"] is not None

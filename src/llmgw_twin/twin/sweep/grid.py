@@ -3,9 +3,10 @@
 Role: `--grid KEY=V1,V2,...` (repeatable) names what to vary; `points` is the cross product in
 the order given (the first key varies slowest); `scenario_text` is the file with one point's
 values set. A key is a control-plane timing (`heartbeat_interval`, `node_lost_after`, any key
-`timings` takes), `replicas.MODEL` (the deployment's count), or `rate.MODEL` (a traffic item's
-rate: `5/s`). Every point's scenario is loaded (checked) before anything runs, so a value the
-loader refuses is one error naming the point, not a failure halfway through.
+`timings` takes), `replicas.MODEL` (the deployment's count), `rate.MODEL` (a traffic item's
+rate: `5/s`), or `target.MODEL` (an autoscaled deployment's target). Every point's scenario is
+loaded (checked) before anything runs, so a value the loader refuses is one error naming the
+point, not a failure halfway through.
 
 Invariants:
 - A point is a tuple of (key, value text) in grid order; its label is `key=value, ...`.
@@ -48,10 +49,10 @@ def parse_axis(text: str) -> Axis:
         raise GridError(f"--grid {text!r}: expected KEY=V1,V2,... (heartbeat_interval=1s,2s,5s)")
     key = key.strip()
     kind, _, model = key.partition(".")
-    if key not in TIMING_KEYS and not (kind in ("replicas", "rate") and model):
+    if key not in TIMING_KEYS and not (kind in ("replicas", "rate", "target") and model):
         raise GridError(
             f"--grid {key}: not a key a sweep varies (a timing such as heartbeat_interval or "
-            "node_lost_after, replicas.MODEL, or rate.MODEL)"
+            "node_lost_after, replicas.MODEL, rate.MODEL, or target.MODEL)"
         )
     if len(set(values)) != len(values):
         raise GridError(f"--grid {key}: a value is listed twice")
@@ -82,6 +83,14 @@ def scenario_text(data: dict[str, Any], point: Point) -> str:
         kind, _, model = key.partition(".")
         if key in TIMING_KEYS:
             out["timings"] = {**(out.get("timings") or {}), key: value}
+        elif kind == "target":
+            deps = [dict(d) for d in out.get("deployments") or []]
+            hits = [d for d in deps if d.get("model") == model and d.get("autoscale")]
+            if not hits:
+                raise GridError(f"--grid {key}: the file does not autoscale a model '{model}'")
+            for d in hits:
+                d["autoscale"] = {**d["autoscale"], "target": value}
+            out["deployments"] = deps
         elif kind == "replicas":
             deps = [dict(d) for d in out.get("deployments") or []]
             hits = [d for d in deps if d.get("model") == model]

@@ -30,6 +30,7 @@ from llmgw_twin.twin.scenario.model import (
     RestartNode,
     Scenario,
 )
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.world.runner import RunResult
 
 METRICS: tuple[tuple[str, str], ...] = (
@@ -38,6 +39,9 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("failed_requests", "failed requests"),
     ("outage_ms", "longest outage (ms)"),
     ("short_ms", "short (replica-ms)"),
+    ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("slo_met", "SLOs met"),
+    ("replica_hours", "replica-hours"),
     ("passed", "passed"),
 )
 """(key, heading) of every figure, in the table's order."""
@@ -77,6 +81,12 @@ class Measure:
     short_ms: int
     """From the first fault, per model, the time it served fewer replicas than it wanted,
     summed."""
+    ttft_p99_ms: float | None
+    """The worst model's p99 time to first token (scenarios with the engine model or `slo`)."""
+    slo_met: float | None
+    """The share of the file's `slo` expectations that held; None without any."""
+    replica_hours: float
+    """Replicas' time holding GPUs over the run, all models."""
     passed: bool
 
     def value(self, key: str) -> float | None:
@@ -114,8 +124,30 @@ def measure(result: RunResult) -> Measure:
         failed_requests=failed,
         outage_ms=capacity.longest_short(serve, want, since, result.virtual_ms),
         short_ms=short,
+        ttft_p99_ms=_ttft_p99(result),
+        slo_met=_slo_met(result),
+        replica_hours=sum(capacity.replica_ms(result.trace, result.virtual_ms).values()) / 3.6e6,
         passed=result.passed,
     )
+
+
+def _ttft_p99(result: RunResult) -> float | None:
+    worst = None
+    for figures in (result.latency or {}).values():
+        ttft = figures.get("ttft_ms")
+        p99 = ttft.get("p99") if isinstance(ttft, dict) else None
+        if isinstance(p99, int | float) and (worst is None or p99 > worst):
+            worst = float(p99)
+    return worst
+
+
+def _slo_met(result: RunResult) -> float | None:
+    judged = [
+        o.passed
+        for e, o in zip(result.scenario.expectations, result.expectations, strict=True)
+        if isinstance(e, SloExpectation)
+    ]
+    return sum(judged) / len(judged) if judged else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,23 +19,29 @@ COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#1
 def _num(v: float | None, key: str) -> str:
     if v is None:
         return "-"
-    if key == "passed":
+    if key in ("passed", "slo_met"):
         return f"{v:.0%}"
     return f"{v:,.0f}" if abs(v) >= 10 or v == int(v) else f"{v:.2f}"
 
 
 def _cell(f: Figure, key: str) -> str:
     text = _num(f.mean, key)
-    if f.least is not None and f.least != f.most and key != "passed":
+    if f.least is not None and f.least != f.most and key not in ("passed", "slo_met"):
         text += f" [{_num(f.least, key)}-{_num(f.most, key)}]"
     if f.missing:
         text += f" ({f.missing} none)"
     return text
 
 
+def shown(rows: list[tuple[Point, dict[str, Figure]]]) -> list[tuple[str, str]]:
+    """The figures some point has a value for (no TTFT column for a file without latencies)."""
+    return [(k, h) for k, h in METRICS if any(fig[k].mean is not None for _, fig in rows)]
+
+
 def table(rows: list[tuple[Point, dict[str, Figure]]]) -> str:
-    heads = ["point", *(h for _, h in METRICS)]
-    cells = [[label(p), *(_cell(fig[k], k) for k, _ in METRICS)] for p, fig in rows]
+    metrics = shown(rows)
+    heads = ["point", *(h for _, h in metrics)]
+    cells = [[label(p), *(_cell(fig[k], k) for k, _ in metrics)] for p, fig in rows]
     widths = [max(len(r[i]) for r in [heads, *cells]) for i in range(len(heads))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
@@ -55,7 +61,7 @@ def svg(rows: list[tuple[Point, dict[str, Figure]]], title: str) -> str:
     for point, fig in rows:
         rest = label(point[1:]) or "all"
         series.setdefault(rest, []).append((first_values.index(point[0][1]), None, fig))
-    metrics = [(k, h) for k, h in METRICS if k != "passed"]
+    metrics = [(k, h) for k, h in shown(rows) if k != "passed"]
     cols = 3
     width = cols * (PANEL_W + PAD) + PAD
     legend_h = 18 * len(series) + 10
