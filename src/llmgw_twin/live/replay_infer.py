@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from llmgw_twin.control.model import Timings, TraceEvent
 
 _EXIT = re.compile(r"^shard \d+ (exited with code \d+|went \w+) on (\S+)$")
+_VANISHED = re.compile(r"^shard \d+ vanished from (\S+)")
 _HUNG = re.compile(r" on (\S+) not answering its health probe")
 REPORT_MS = 2
 """An agent's report reaches the controller this long after what it reports."""
@@ -126,9 +127,14 @@ def _silences(
         if ev.kind in ("node.suspect", "node.lost", "node.recovered", "node.joined"):
             by_node.setdefault(str(ev.get("node")), []).append(ev)
     starts = [ev.t_ms for ev in window if ev.kind in ("controller.started", "controller.leader")]
+    vanished: dict[str, list[int]] = {}  # a node's shards gone when it registered: a reboot
+    for ev in window:
+        if ev.kind == "replica.failed" and (m := _VANISHED.match(str(ev.get("reason") or ""))):
+            vanished.setdefault(m.group(1), []).append(ev.t_ms)
     for node, evs in sorted(by_node.items()):
         stop: int | None = None  # just after its last heartbeat (log time), in a silence
         off = node in lost_at_start  # powered off in the replay
+        lost_at: int | None = None  # when it was declared lost, in this silence
         mine: list[Inferred] = []
         for ev in evs:
             if ev.kind == "node.suspect" and stop is None and not off:
@@ -141,24 +147,36 @@ def _silences(
                 stop = stop if stop is not None else ev.t_ms - t.node_lost_after_ms + 1
                 note = f"{node} lost at {rel.text(ev.t_ms)}: its heartbeats stopped about then"
                 mine.append(_down(window, node, stop, note, rel, t, nodes_of, explained))
-                off = True
-            elif ev.kind == "node.joined" and (off or stop is not None):
+                off, lost_at = True, ev.t_ms
+            elif _rebooted(vanished, node, ev) or (
+                ev.kind == "node.joined" and (off or stop is not None)
+            ):
+                # registered with its shards gone (or joined when off): it booted again
                 if not off and stop is not None:
-                    note = f"{node} silent, then rebooted (joined at {rel.text(ev.t_ms)})"
+                    note = f"{node} silent, then rebooted ({rel.text(ev.t_ms)})"
                     mine.append(_down(window, node, stop, note, rel, t, nodes_of, explained))
-                note = f"{node} joined again at {rel.text(ev.t_ms)}: it booted"
+                note = f"{node} registered again at {rel.text(ev.t_ms)}: it booted"
                 mine.append(Inferred(ev.t_ms - REPORT_MS, "restart_node", node, note))
-                stop, off = None, False
+                stop, off, lost_at = None, False, None
             elif ev.kind == "node.recovered" and stop is not None:
                 if off and mine and mine[-1].action in ("kill_node", "crash_node"):
                     mine.pop()  # heard again without a reboot: it was cut off, not off
-                span = max(1000, ev.t_ms - half - stop)
+                # healed within the interval before it was heard, and not before its loss
+                healed = max(ev.t_ms - half, lost_at + 1 if lost_at is not None else 0)
+                span = max(1000, min(healed, ev.t_ms) - stop)
                 note = f"{node} heard again at {rel.text(ev.t_ms)} without rebooting: cut off"
                 part = {"nodes": [node], "for": span}
                 mine.append(Inferred(stop, "partition", part, note))
-                stop, off = None, False
+                stop, off, lost_at = None, False, None
         out += mine
     return out
+
+
+def _rebooted(vanished: dict[str, list[int]], node: str, ev: TraceEvent) -> bool:
+    """The node registered (joined, or heard again) and its shards had vanished from it."""
+    if ev.kind not in ("node.joined", "node.recovered"):
+        return False
+    return any(0 <= v - ev.t_ms <= 100 for v in vanished.get(node, ()))
 
 
 def _down(
