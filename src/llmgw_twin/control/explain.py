@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from llmgw_twin.control.blast import blast_radius
 from llmgw_twin.control.model import Deployment, NodeId, NodeState, Profile, ReplicaId
 from llmgw_twin.control.room import Shape
 
@@ -138,6 +139,11 @@ def explain(core: Controller, rid: ReplicaId) -> dict[str, Any] | None:
             "one_fabric": True,
         },
     }
+    if rec.profile.topology.constrained:
+        out["needs"] |= {
+            "nvlink": rec.profile.topology.nvlink,
+            "leaves": rec.profile.topology.leaves,
+        }
     copy = core.drains.copy_of(rec.id) or core.rollout.copy_of(rec.id)
     if copy is not None:
         out["moving_to"] = copy
@@ -161,6 +167,9 @@ def explain(core: Controller, rid: ReplicaId) -> dict[str, Any] | None:
         history = stability(core, rec.fabric, rec.nodes) if rec.fabric is not None else []
         if history:
             out["stability"] = history
+        radius = blast_radius(rec.nodes, rec.fabric, core.node_info)
+        if radius is not None:
+            out["blast_radius"] = radius
         return out
     fabrics = fabrics_for(core, rec.profile)
     out["fabrics"] = fabrics

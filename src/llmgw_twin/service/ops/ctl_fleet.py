@@ -287,7 +287,8 @@ def render_explain(a: dict[str, Any]) -> str:
     lines = [
         f"replica {a['replica']} of {a['model']} (profile {a['profile']}): {a['state']}",
         f"  needs: {need.get('nodes')} node(s) x {need.get('gpus_per_node')} GPU(s), engine "
-        f"{need.get('engine')}, all in one fabric",
+        f"{need.get('engine')}, all in one fabric"
+        + (f", nvlink {need['nvlink']}, leaves {need['leaves']}" if "nvlink" in need else ""),
         f"  why: {a.get('why')}",
     ]
     if a.get("moving_to"):
@@ -298,6 +299,8 @@ def render_explain(a: dict[str, Any]) -> str:
         lines.append(f"  rank {s['rank']}: {s['node']} GPUs {s['gpus']} {s['state'] or '-'}")
     for h in a.get("stability", []):
         lines.append(f"  {h['node']}: {h['verdict']} ({h['history']})")
+    if a.get("blast_radius"):
+        lines.append(f"  blast radius: {a['blast_radius']['summary']}")
     if a.get("never_fits"):
         lines.append(f"  never fits the fleet as registered: {a['never_fits']}")
     for f in a.get("fabrics", []):
