@@ -12,7 +12,7 @@ import pytest
 from llmgw_twin.twin.scenario.arrivals import arrivals
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
 from llmgw_twin.twin.scenario.model import Scenario, Traffic
-from llmgw_twin.twin.world.runner import run_scenario
+from llmgw_twin.twin.world.runner import RunResult, run_scenario
 
 HEAD = """name: shapes
 duration: {duration}
@@ -243,12 +243,25 @@ def test_without_the_additions_nothing_is_reported_beyond_the_counts(tmp_path: P
     assert result.latency is None and result.requests is not None
 
 
-def test_the_engine_model_does_not_change_the_trace(tmp_path: Path) -> None:
+def test_the_engine_model_changes_no_event_but_the_sim_engine_flag(tmp_path: Path) -> None:
     plain = run_scenario(_load("traffic: {model: a, rate: 5/s}\n", tmp_path))
     modelled = run_scenario(
         _load("engine_model: {p: sim/any/any}\n" + BURST[BURST.index("traffic") :], tmp_path)
     )
-    assert plain.trace_sha256 == modelled.trace_sha256
+
+    def without_flag(result: RunResult) -> list[dict[str, object]]:
+        out = []
+        for ev in result.trace:
+            d = ev.as_dict()
+            argv = d.get("argv")
+            if isinstance(argv, list | tuple) and "--perf-model" in argv:
+                i = list(argv).index("--perf-model")
+                d["argv"] = [*argv[:i], *argv[i + 2 :]]
+            out.append(d)
+        return out
+
+    assert plain.trace_sha256 != modelled.trace_sha256
+    assert without_flag(plain) == without_flag(modelled)
 
 
 def test_arrivals_of_an_item_without_workload_are_its_contract_times() -> None:
@@ -261,3 +274,34 @@ def test_a_scenario_text_finds_its_trace_beside_the_working_folder(tmp_path: Pat
         load_scenario_text(
             HEAD.format(duration="1m", replicas=1) + "traffic: {model: a, trace: nowhere.csv}\n"
         )
+
+
+def test_the_latency_report_is_the_same_across_processes_and_hash_seeds() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "scenarios/burst-queues.yaml"
+    reports = []
+    for hash_seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-m", "llmgw_twin.cli", "run", "--json", str(path)],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        report = json.loads(out.stdout)
+        reports.append((report["trace_sha256"], report["requests"], report["latency"]))
+    assert reports[0] == reports[1] and reports[0][2]["llama-8b"]["served"] > 2000
+
+
+def test_the_html_report_shows_latency_only_when_there_is_some(tmp_path: Path) -> None:
+    from llmgw_twin.twin.report.html import render_html
+
+    with_it = render_html(run_scenario(_load(BURST, tmp_path)))
+    assert '<section id="latency">' in with_it and 'data-figure="ttft_ms.p99"' in with_it
+    without = render_html(run_scenario(_load("traffic: {model: a, rate: 5/s}\n", tmp_path)))
+    assert '<section id="latency">' not in without

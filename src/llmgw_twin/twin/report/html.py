@@ -16,8 +16,8 @@ from collections.abc import Iterable
 
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.twin.report import capacity
-from llmgw_twin.twin.report.capacity import Series
 from llmgw_twin.twin.report.assets import LEGEND, PAGE_CSS, PAGE_JS
+from llmgw_twin.twin.report.capacity import Series
 from llmgw_twin.twin.report.lanes import Lane, Lanes, Mark, Seg, fault_id
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import EventExpectation, Expectation, StateExpectation
@@ -267,6 +267,36 @@ class _Page:
             )
         return _table("requests", ("model", *(k.replace("_", " ") for k in keys)), rows)
 
+    def latency(self) -> str:
+        """Per model: TTFT, end-to-end and queueing percentiles (ms) and goodput
+        (`world/latency.py`); only when the scenario uses the workload additions."""
+        if not self.result.latency:
+            return ""
+        rows = []
+        for model, figures in self.result.latency.items():
+            cells = ""
+            for metric in ("ttft_ms", "e2e_ms", "queued_ms"):
+                values = figures.get(metric)
+                for p in ("p50", "p99"):
+                    v = values.get(p, "") if isinstance(values, dict) else ""
+                    cells += tag("td", {"data-figure": f"{metric}.{p}"}, esc(v))
+            good = figures.get("goodput_per_s", "")
+            cells += tag("td", {"data-figure": "goodput_per_s"}, esc(good))
+            rows.append(
+                tag("tr", {"class": "latrow", "data-model": model}, f"<td>{esc(model)}</td>{cells}")
+            )
+        head = (
+            "model",
+            "TTFT p50",
+            "TTFT p99",
+            "e2e p50",
+            "e2e p99",
+            "queued p50",
+            "queued p99",
+            "goodput /s",
+        )
+        return _table("latency", head, rows)
+
     def capacity(self) -> str:
         """Per model, a step line of the replicas serving (solid) and wanted (dashed)."""
         want = capacity.wanted(self.sc, self.result.trace)
@@ -351,6 +381,7 @@ def render_html(result: RunResult) -> str:
         + page.invariants()
         + page.capacity()
         + page.requests()
+        + page.latency()
         + page.trace()
     )
     return (
