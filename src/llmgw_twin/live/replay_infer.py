@@ -63,7 +63,7 @@ def infer_faults(
     explained: set[int] = set()  # the window's replica.failed events a fault above explains
     out += _silences(window, rel, timings, lost_at_start, nodes_of, explained)
     out += _engines_and_gpus(window, before, rel, timings, nodes_of, explained)
-    out += _links(window, rel, end_ms, fabrics, lost_at_start)
+    out += _links(window, before + window, rel, end_ms, fabrics)
     out += _restarts(window, before, rel, timings)
     out += _operator(window, rel)
     for t, model, count in scales:
@@ -148,9 +148,20 @@ def _silences(
                 note = f"{node} lost at {rel.text(ev.t_ms)}: its heartbeats stopped about then"
                 mine.append(_down(window, node, stop, note, rel, t, nodes_of, explained))
                 off, lost_at = True, ev.t_ms
-            elif _rebooted(vanished, node, ev) or (
-                ev.kind == "node.joined" and (off or stop is not None)
+            elif (
+                ev.kind == "node.joined"
+                and not off
+                and stop is not None
+                and not (_rebooted(vanished, node, ev))
             ):
+                # registered again with its shards, never declared lost: its agent restarted
+                down = {"node": node, "down_for": max(0, ev.t_ms - REPORT_MS - stop)}
+                note = (
+                    f"{node} silent, then registered again with its shards at {rel.text(ev.t_ms)}"
+                )
+                mine.append(Inferred(stop, "restart_agent", down, note))
+                stop = None
+            elif _rebooted(vanished, node, ev) or (ev.kind == "node.joined" and off):
                 # registered with its shards gone (or joined when off): it booted again
                 if not off and stop is not None:
                     note = f"{node} silent, then rebooted ({rel.text(ev.t_ms)})"
@@ -229,8 +240,10 @@ def _engines_and_gpus(
             out.append(Inferred(ev.t_ms - t.probe_interval_ms, "hang_engine", value, note))
         elif ev.kind == "replica.failed" and reason.startswith("not ready within"):
             leader = nodes_of.get(rid, ())[:1]
-            if leader:
-                began = _began(before + window, rid, leader[0])
+            history = before + window
+            placed = _began(history, rid, None)
+            if leader and not _troubled(history, nodes_of[rid], placed, ev.t_ms):
+                began = _began(history, rid, leader[0])
                 note = f"replica {rid} {reason} ({rel.text(ev.t_ms)}): its engine never served"
                 value = {"node": leader[0], "replica_of": model}
                 out.append(Inferred(began + 1, "hang_engine", value, note))
@@ -260,24 +273,66 @@ def _engines_and_gpus(
     return out
 
 
-def _began(events: list[TraceEvent], rid: str, node: str) -> int:
-    """When the replica's engine on `node` started (its `shard.started`, else its placement)."""
+def _began(events: list[TraceEvent], rid: str, node: str | None) -> int:
+    """When the replica's engine on `node` started (its `shard.started`, else its placement);
+    with no node, its placement."""
     placed = [e.t_ms for e in events if e.kind == "replica.placed" and e.get("replica") == rid]
     started = [
         e.t_ms
         for e in events
-        if e.kind == "shard.started" and e.get("replica") == rid and e.get("node") == node
+        if node is not None
+        and e.kind == "shard.started"
+        and e.get("replica") == rid
+        and e.get("node") == node
     ]
     return max(started or placed or [0])
 
 
+def _troubled(events: list[TraceEvent], nodes: tuple[str, ...], since: int, until: int) -> bool:
+    """Whether a node of `nodes` had its links down, or was silent, at some time from `since`
+    to `until`: a replica there that never got ready has a cause other than a hung engine."""
+    links_down: set[str] = set()
+    silent: set[str] = set()
+    for ev in events:
+        if ev.t_ms > until:
+            break
+        if ev.t_ms >= since and (links_down or silent):
+            return True
+        node = str(ev.get("node"))
+        if node not in nodes:
+            continue
+        if ev.kind == "node.link_down":
+            links_down.add(node)
+        elif ev.kind == "node.link_up":
+            links_down.discard(node)
+        elif ev.kind in ("node.suspect", "node.lost"):
+            silent.add(node)
+        elif ev.kind in ("node.recovered", "node.joined"):
+            silent.discard(node)
+    return bool(links_down or silent)
+
+
+def _off_at(events: list[TraceEvent], t_ms: int) -> set[str]:
+    """The nodes the log holds lost at `t_ms` (lost, and not registered or heard since)."""
+    off: set[str] = set()
+    for ev in events:
+        if ev.t_ms >= t_ms:
+            break
+        if ev.kind == "node.lost":
+            off.add(str(ev.get("node")))
+        elif ev.kind in ("node.joined", "node.recovered"):
+            off.discard(str(ev.get("node")))
+    return off
+
+
 def _links(
     window: list[TraceEvent],
+    history: list[TraceEvent],
     rel: _Clock,
     end_ms: int,
     fabrics: dict[str, tuple[str, ...]],
-    lost_at_start: set[str],
 ) -> list[Inferred]:
+    """`history`: the log up to the window's end, for which nodes are off at a time."""
     out: list[Inferred] = []
     downs = [ev for ev in window if ev.kind == "node.link_down"]
     ups = [ev for ev in window if ev.kind == "node.link_up"]
@@ -295,7 +350,7 @@ def _links(
         nodes = {str(downs[j].get("node")) for j in group}
         back = [u.t_ms for u in ups if u.t_ms > ev.t_ms and str(u.get("node")) in nodes]
         span = max(1000, (min(back) if back else end_ms + 1000) - ev.t_ms)
-        up_nodes = set(fabrics.get(fabric, ())) - lost_at_start
+        up_nodes = set(fabrics.get(fabric, ())) - _off_at(history, ev.t_ms)
         at = ev.t_ms - REPORT_MS
         if len(nodes) > 1 and up_nodes <= nodes:
             note = f"every link of {fabric} down at {rel.text(ev.t_ms)}"
