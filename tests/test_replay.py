@@ -67,6 +67,14 @@ def _replay(args: list[str]) -> int:
         "crash-loop",
         "add-node",
         "infra-failure-no-backoff",
+        "crash-node",
+        "hang-engine",
+        "agent-restart",
+        "restart-storm",
+        "mass-loss-hold-ends",
+        "drain-no-room",
+        "defrag-make-before-break",
+        "delay-heartbeats",
     ],
 )
 @pytest.mark.parametrize("start", [None, "45s"])
@@ -307,4 +315,45 @@ def test_a_log_that_is_not_whole_or_not_ours_is_one_line_and_no_file(
     assert out.read_text() == "the file from before\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         {"log.jsonl", "replay.yaml", *(["fleet.yaml"] if damage in ("node", "model") else [])}
+    )
+
+
+REBOOTS = """\
+name: reboots
+seed: 2
+duration: 5m
+timings: {heartbeat_interval: 5s, node_suspect_after: 15s, node_lost_after: 30s}
+cluster:
+  fabrics: {ib-a: [node01, node02, node03, node04]}
+  nodes:
+    default: {gpus: 8, engines: [sim]}
+profiles:
+  one: {engine: sim, gpus_per_node: 8, load_time: 10s, model: /m/one}
+deployments:
+  - {model: one, profile: one, replicas: 3}
+faults:
+  - {id: boot, at: 1m, restart_node: node01}
+  - {id: agent, at: 2m30s, restart_agent: {node: node02, down_for: 20s}}
+"""
+
+
+def test_a_reboot_and_an_agent_restart_are_told_apart(tmp_path: Path) -> None:
+    # a node that registers with its shards gone rebooted; one that registers with them after
+    # a silence had its agent restart, and its replica lives on
+    path = tmp_path / "reboots.yaml"
+    path.write_text(REBOOTS)
+    logged = run_scenario(load_scenario(path))
+    out = tmp_path / "replay.yaml"
+    report = _report(tmp_path, logged)
+    assert _replay([str(report), "--fleet", str(path), "--from", "30s", "-o", str(out)]) == 0
+    faults = yaml.safe_load(out.read_text())["faults"]
+    assert [(f["at"], f.get("restart_node")) for f in faults[:1]] == [("30s", "node01")]
+    agent = faults[1]["restart_agent"]
+    assert agent["node"] == "node02"
+    # heard last between 2m25s and 2m30s, suspect 15 s later; registered again at 2m50s2ms
+    assert faults[1]["at"] == "1m56s1ms" and agent["down_for"] == "23s999ms"
+    replayed = run_scenario(load_scenario(out))
+    assert replayed.passed
+    assert _decided(list(replayed.trace), 0) == _decided(
+        [TraceEvent(ev.t_ms - 30_000, ev.kind, ev.subjects) for ev in logged.trace], 0
     )

@@ -103,12 +103,15 @@ def compare(
 
 
 def _why(d: Decision, theirs: list[TraceEvent], used: set[int]) -> str:
-    same = [ev for ev in theirs if d.matches(ev)]
-    if same:
-        ev = min(same, key=lambda e: abs(e.t_ms - d.t_ms))
+    same = [i for i, ev in enumerate(theirs) if d.matches(ev)]
+    free = [i for i in same if i not in used]
+    if free:
+        ev = theirs[min(free, key=lambda i: abs(theirs[i].t_ms - d.t_ms))]
         gap = ev.t_ms - d.t_ms
         sign = "later" if gap > 0 else "earlier"
         return f"the twin made it {fmt_duration(abs(gap))} {sign}, outside the tolerance"
+    if same:
+        return f"the twin made fewer: each of its {len(same)} answers another logged one"
     wanted = dict(d.filters)
     kin = [
         ev

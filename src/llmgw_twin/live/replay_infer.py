@@ -8,8 +8,9 @@ time of the log, with a note saying which events it was read from. The rules
 - a node's silence starts just after its last heartbeat: its first suspicion less
   node_suspect_after, else its loss less node_lost_after, plus 1 ms (the twin then loses it no
   later than the log, up to a heartbeat interval earlier). Lost: `kill_node`, or `crash_node`
-  when a replica spanning it died on a peer in that interval; joined again: `restart_node`;
-  heard again without rejoining: a `partition` instead;
+  when a replica spanning it died on a peer in that interval; registered with its shards gone,
+  or joined after a loss: `restart_node`; joined with its shards after a silence: its agent
+  restarted (`restart_agent`); heard again with them: a `partition` instead;
 - a shard that exited or went down, no infrastructure cause and no GPU failing with it:
   `kill_engine`; a failed GPU: `fail_gpu`; a leader not answering its probe, or a replica never
   ready: `hang_engine`;
