@@ -176,3 +176,14 @@ def test_a_sim_profile_with_an_engine_model_runs_the_sim_engine_with_it() -> Non
     assert [getattr(perf, f) for f in (*fields, "kv_tokens")] == [
         getattr(model.perf, f) for f in (*fields, "kv_tokens")
     ]
+
+
+def test_ignore_eos_runs_the_answer_to_its_cap() -> None:
+    from llmgw_twin.programs.sim_text import generate
+
+    assert len(generate("m", "hi", 200).tokens) <= 40
+    assert len(generate("m", "hi", 200, ignore_eos=True).tokens) == 200
+    assert generate("m", "hi", 5, ignore_eos=True) == generate("m", "hi", 5)
+    app, _ = _app(PERF)
+    (r,) = _post(app, [{**_chat(1), "max_tokens": 90, "ignore_eos": True}])
+    assert r.json()["usage"]["completion_tokens"] == 90

@@ -305,3 +305,20 @@ def test_the_html_report_shows_latency_only_when_there_is_some(tmp_path: Path) -
     assert '<section id="latency">' in with_it and 'data-figure="ttft_ms.p99"' in with_it
     without = render_html(run_scenario(_load("traffic: {model: a, rate: 5/s}\n", tmp_path)))
     assert '<section id="latency">' not in without
+
+
+def test_a_scaled_run_scales_the_engine_and_the_objectives_with_it() -> None:
+    from llmgw_twin.twin.scenario.timescale import scale_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios/burst-queues.yaml"
+    s = load_scenario(path)
+    tenth = scale_scenario(s, 0.1)
+    (model,) = tenth.engine_model
+    assert model.perf.iteration_us == s.engine_model[0].perf.iteration_us / 10
+    (profile,) = tenth.profiles
+    assert profile.args.count("--perf-model") == 1
+    assert profile.args[-1].startswith("iteration_us=650,")
+    first = tenth.expectations[0]
+    assert first.ttft_p99_ms == 50 and first.start_ms == 3_000  # type: ignore[union-attr]
+    result = run_scenario(tenth)
+    assert result.passed, [o.message for o in result.expectations if not o.passed]

@@ -88,6 +88,8 @@ class _GenerationRequest(_Lenient):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=0)
     stream: bool = False
+    ignore_eos: bool = False
+    """Generate exactly the cap (vLLM's, SGLang's and llama-server's extension)."""
     stream_options: StreamOptions | None = None
 
 
@@ -212,7 +214,7 @@ def create_app(sim: SimModel) -> FastAPI:
         if (refusal := unknown_model(req)) is not None:
             return refusal
         prompt = render_chat([(m.role, m.text()) for m in req.messages])
-        gen = generate(sim.served_name, prompt, cap(req, req.max_completion_tokens))
+        gen = generate(sim.served_name, prompt, cap(req, req.max_completion_tokens), req.ignore_eos)
         prompt_tokens = count_prompt_tokens(prompt)
         held = tickets([(prompt_tokens, len(gen.tokens))])
         if isinstance(held, JSONResponse):
@@ -247,7 +249,7 @@ def create_app(sim: SimModel) -> FastAPI:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if not prompts:
             return _error(400, "prompt is empty", "invalid_request_error", "prompt", "invalid")
-        gens = [generate(sim.served_name, p, cap(req)) for p in prompts]
+        gens = [generate(sim.served_name, p, cap(req), req.ignore_eos) for p in prompts]
         prompt_tokens = sum(count_prompt_tokens(p) for p in prompts)
         held = tickets(
             [(count_prompt_tokens(p), len(g.tokens)) for p, g in zip(prompts, gens, strict=True)]

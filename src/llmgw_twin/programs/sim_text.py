@@ -8,7 +8,8 @@ Invariants:
 - A token is one word; the first is bare and every later one carries a leading space, so the
   concatenation of streamed tokens is exactly the non-streamed text.
 - The natural length is 12-40 tokens; `max_tokens` cuts it (finish reason `length`), otherwise it
-  ends on its own (finish reason `stop`). `max_tokens == 0` gives no tokens.
+  ends on its own (finish reason `stop`). `max_tokens == 0` gives no tokens. With `ignore_eos`
+  (the flag vLLM, SGLang and llama-server take) it runs on to exactly `max_tokens`.
 - Prompt tokens are the whitespace-separated words of the prompt (chat messages are first
   rendered to one prompt by `render_chat`), at least 1.
 """
@@ -66,11 +67,13 @@ def _stream(model: str, prompt: str) -> Iterator[int]:
         block += 1
 
 
-def generate(model: str, prompt: str, max_tokens: int) -> Generation:
+def generate(model: str, prompt: str, max_tokens: int, ignore_eos: bool = False) -> Generation:
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
     stream = _stream(model, prompt)
     natural = MIN_TOKENS + next(stream) % (MAX_TOKENS - MIN_TOKENS + 1)
+    if ignore_eos:
+        natural = max(natural, max_tokens)
     count = min(natural, max_tokens)
     words = [VOCABULARY[next(stream) % len(VOCABULARY)] for _ in range(count)]
     tokens = tuple(w if i == 0 else " " + w for i, w in enumerate(words))

@@ -18,7 +18,13 @@ from typing import Any
 
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.runner import RealResult
-from llmgw_twin.twin.report.text import describe, judged_json, judged_lines, requests_lines
+from llmgw_twin.twin.report.text import (
+    describe,
+    judged_json,
+    judged_lines,
+    latency_lines,
+    requests_lines,
+)
 from llmgw_twin.twin.scenario.model import EventExpectation
 from llmgw_twin.twin.world.expect import matches
 from llmgw_twin.twin.world.runner import RunResult, trace_sha256
@@ -52,6 +58,7 @@ def timeline(result: RealResult, events: bool = True) -> str:
     for ev in result.trace if events else ():
         lines.append(f"  {fmt_offset(ev.t_ms):>13}  {ev.kind:<20} {describe(ev)}")
     lines.extend(requests_lines(result.requests))
+    lines.extend(latency_lines(result.latency))
     lines.extend(judged_lines(result.expectations, result.invariants))
     if result.left_running:
         lines.append(f"left running: process groups {result.left_running}")
@@ -89,6 +96,7 @@ def to_json(result: RealResult) -> dict[str, Any]:
         "process_groups": result.groups,
         "answered": result.answered,
         **({} if result.requests is None else {"requests": result.requests}),
+        **({} if result.latency is None else {"latency": result.latency}),
         "events": [ev.as_dict() for ev in result.trace],
         **judged_json(result.expectations, result.invariants),
     }

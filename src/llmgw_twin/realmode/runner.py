@@ -55,7 +55,9 @@ from llmgw_twin.twin.scenario.model import (
     StateExpectation,
 )
 from llmgw_twin.twin.scenario.timescale import scale_scenario, widen
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.world.expect import Outcome, judge_requests
+from llmgw_twin.twin.world.latency import judge_slo
 from llmgw_twin.twin.world.runner import InvariantResult
 from llmgw_twin.units import fmt_ms, fmt_offset
 
@@ -82,6 +84,9 @@ class RealResult:
     """Probe chat completions the router answered with 200, per model."""
     requests: dict[str, dict[str, int]] | None = None
     """The traffic's counts per model (`realmode/traffic.py`); None without traffic."""
+    latency: dict[str, dict[str, object]] | None = None
+    """Per model, the served requests' latencies, as the twin reports them; None unless the
+    scenario uses the workload additions."""
     workdir: str = ""
     """The run's temporary folder (removed when the run ends)."""
     groups: list[int] = field(default_factory=list)
@@ -340,6 +345,13 @@ class RealRun:
             await asyncio.sleep(POLL_S)
         self.outcomes[i] = judge_state_readings(exp, readings, end_ms)
 
+    def _latency(self) -> dict[str, dict[str, object]] | None:
+        if not (self.scenario.traffic and self.traffic.timed):
+            return None
+        arrivals = {m: self.traffic.arrivals(m) for m in self.traffic.models}
+        slos = [e for e in self.scenario.expectations if isinstance(e, SloExpectation)]
+        return self.traffic.latencies().report(arrivals, self.scenario.duration_ms, slos)
+
     def result(self, time_scale: float, tolerance_ms: int, left: list[int]) -> RealResult:
         led = self.cluster.multi.events if self.cluster.multi else []
         trace = sorted([*self.trace, *self.injector.injected, *led], key=lambda e: e.t_ms)
@@ -351,6 +363,10 @@ class RealRun:
             elif isinstance(exp, RequestsExpectation):
                 arrivals = self.traffic.arrivals(exp.model)
                 outcomes[i] = judge_requests(exp, arrivals, self.traffic.failed_at(exp.model))
+            elif isinstance(exp, SloExpectation):
+                arrivals = self.traffic.arrivals(exp.model)
+                failed = self.traffic.failed_at(exp.model)
+                outcomes[i] = judge_slo(exp, self.traffic.latencies(), arrivals, failed)
         return RealResult(
             scenario=self.scenario,
             time_scale=time_scale,
@@ -362,6 +378,7 @@ class RealRun:
             left_running=left,
             answered=dict(self.checks.answered),
             requests=self.traffic.report(trace) if self.scenario.traffic else None,
+            latency=self._latency(),
             workdir=str(self.cluster.workdir),
             groups=sorted(self.cluster.started_groups),
         )

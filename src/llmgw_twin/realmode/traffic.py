@@ -9,6 +9,10 @@ when the router had no replica to take it (503), `failed_in_flight` when the rep
 answered for it (`x-llmgw-replica`) failed while the request was out, and `retried` when the
 router says it tried another replica.
 
+When the scenario uses the workload additions (`engine_model`, rate shapes, token lengths, a
+trace, an `slo` expectation), each request is streamed and timed as the twin times it: its first
+token and its end, from the moment it was sent (`latencies`, judged by `slo` as in the twin).
+
 Bounded: a request per arrival of the run and no more, at most `MAX_IN_FLIGHT` at once (a request
 that would pass the bound is sent when one ends, and counts late), each within `TIMEOUT_S`.
 """
@@ -16,6 +20,8 @@ that would pass the bound is sent when one ends, and counts late), each within `
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +30,8 @@ import httpx
 from llmgw_twin.control.model import ModelName, TraceEvent
 from llmgw_twin.twin.scenario.arrivals import Arrival, arrivals
 from llmgw_twin.twin.scenario.model import Scenario, Traffic
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
+from llmgw_twin.twin.world.latency import Latencies, Sample
 
 MAX_IN_FLIGHT = 256
 TIMEOUT_S = 30.0
@@ -40,6 +48,9 @@ class Sent:
     status: int = 0
     replica: str | None = None
     retried: bool = False
+    ttft_us: int = 0
+    e2e_us: int = 0
+    tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -62,6 +73,12 @@ class RealTraffic:
         self._headers = headers
         self._now_ms = now_ms
         self.models = {t.model: ModelTraffic(t) for t in scenario.traffic}
+        self.timed = (
+            bool(scenario.engine_model)
+            or any(t.workload is not None for t in scenario.traffic)
+            or any(isinstance(e, SloExpectation) for e in scenario.expectations)
+        )
+        """Stream and time every request (the scenario uses the workload additions)."""
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     async def run(self) -> None:
@@ -94,12 +111,17 @@ class RealTraffic:
         prompt = f"request at {sent.arrived_ms}"
         if traffic.workload is not None:  # about its input tokens: a word a token
             prompt += " x" * max(0, req.input_tokens - 4)
-        body = {
+        body: dict[str, object] = {
             "model": traffic.model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": req.output_tokens,
         }
         try:
+            if self.timed:
+                # as the twin's requests: exactly their output tokens (vLLM's, SGLang's,
+                # llama-server's and the sim engine's `ignore_eos`)
+                await self._streamed(client, {**body, "ignore_eos": True}, sent)
+                return
             r = await client.post(f"{self._url()}/v1/chat/completions", json=body)
             sent.status = r.status_code
             sent.replica = r.headers.get("x-llmgw-replica")
@@ -110,6 +132,41 @@ class RealTraffic:
         finally:
             sent.done_ms = self._now_ms()
             self._slots.release()
+
+    async def _streamed(
+        self, client: httpx.AsyncClient, body: dict[str, object], sent: Sent
+    ) -> None:
+        """The request streamed: served when it ends with `[DONE]`, its first token timed."""
+        start = time.perf_counter()
+        first: float | None = None
+        done = False
+        url = f"{self._url()}/v1/chat/completions"
+        async with client.stream("POST", url, json={**body, "stream": True}) as r:
+            sent.status = r.status_code
+            sent.replica = r.headers.get("x-llmgw-replica")
+            sent.retried = r.headers.get("x-llmgw-retried") == "1"
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: {"):
+                    for choice in json.loads(line[len("data: ") :]).get("choices") or ():
+                        if (choice.get("delta") or {}).get("content"):
+                            sent.tokens += 1
+                            first = time.perf_counter() if first is None else first
+        end = time.perf_counter()
+        sent.ok = r.status_code == 200 and done
+        sent.ttft_us = round(((end if first is None else first) - start) * 1_000_000)
+        sent.e2e_us = round((end - start) * 1_000_000)
+
+    def latencies(self) -> Latencies:
+        """Every served request's times, as the twin records them (`twin/world/latency.py`)."""
+        out = Latencies()
+        for name, model in self.models.items():
+            for s in model.sent:
+                if s.ok:
+                    tbt = 0 if s.tokens <= 1 else (s.e2e_us - s.ttft_us) // (s.tokens - 1)
+                    out.add(name, Sample(s.arrived_ms, s.ttft_us, s.e2e_us, 0, tbt))
+        return out
 
     # --- counts --------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from fractions import Fraction
 from typing import assert_never
 
 from llmgw_twin.control.model import Timings
+from llmgw_twin.engines.perf.model import EnginePerf
 from llmgw_twin.twin.scenario.limits import MAX_RATE_PER_S
 from llmgw_twin.twin.scenario.model import (
     AddNode,
@@ -57,6 +58,7 @@ from llmgw_twin.twin.scenario.topo_actions import (
     NvlinkDomainDown,
     SpineDown,
 )
+from llmgw_twin.twin.scenario.workload import with_perf_args
 from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.units import setting_keys
 
@@ -115,7 +117,20 @@ def _action(action: FaultAction, factor: float) -> FaultAction:
 
 
 def _expectation(exp: Expectation, factor: float) -> Expectation:
-    if isinstance(exp, EventExpectation | RequestsExpectation | SloExpectation):
+    if isinstance(exp, SloExpectation):  # the engines run as much faster: so do its bounds
+
+        def bound(ms: int | None) -> int | None:
+            return None if ms is None else _ms(ms, factor, 1)
+
+        return replace(
+            exp,
+            start_ms=_ms(exp.start_ms, factor),
+            end_ms=_ms(exp.end_ms, factor),
+            ttft_p99_ms=bound(exp.ttft_p99_ms),
+            e2e_p99_ms=bound(exp.e2e_p99_ms),
+            ttft_ms=bound(exp.ttft_ms),
+        )
+    if isinstance(exp, EventExpectation | RequestsExpectation):
         return replace(exp, start_ms=_ms(exp.start_ms, factor), end_ms=_ms(exp.end_ms, factor))
     return replace(exp, at_ms=_ms(exp.at_ms, factor))
 
@@ -139,6 +154,24 @@ def _traffic(traffic: Traffic, factor: float) -> Traffic:
     return replace(traffic, count=ratio.denominator, every_ms=ratio.numerator, workload=wl)
 
 
+def _perf(perf: EnginePerf, factor: float) -> EnginePerf:
+    """The engine `factor` times as fast per iteration: its times scale as the run's do."""
+    f = Fraction(factor).limit_denominator(1_000_000)
+    return replace(
+        perf,
+        iteration_us=perf.iteration_us * f,
+        prefill_us_per_token=perf.prefill_us_per_token * f,
+        decode_us_per_token=perf.decode_us_per_token * f,
+    )
+
+
+def _without_perf_flag(args: tuple[str, ...]) -> tuple[str, ...]:
+    if "--perf-model" not in args:
+        return args
+    i = args.index("--perf-model")
+    return args[:i] + args[i + 2 :]
+
+
 def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
     if factor <= 0:
         raise ValueError("the time scale must be positive")
@@ -157,9 +190,12 @@ def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
             load_time_ms=_ms(p.load_time_ms, factor),
             # 0 means "derived from the load time", which scales by itself
             start_timeout_ms=_ms(p.start_timeout_ms, factor, 1) if p.start_timeout_ms else 0,
+            args=_without_perf_flag(p.args),
         )
         for p in scenario.profiles
     )
+    engine_model = tuple(replace(m, perf=_perf(m.perf, factor)) for m in scenario.engine_model)
+    profiles = with_perf_args(profiles, engine_model)
     faults = tuple(
         Fault(_ms(f.at_ms, factor), _action(f.action, factor), f.id, f.line)
         for f in scenario.faults
@@ -172,6 +208,7 @@ def scale_scenario(scenario: Scenario, factor: float) -> Scenario:
         faults=faults,
         expectations=tuple(_expectation(e, factor) for e in scenario.expectations),
         traffic=tuple(_traffic(t, factor) for t in scenario.traffic),
+        engine_model=engine_model,
     )
 
 
