@@ -22,9 +22,10 @@ import yaml
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.live.replay_check import Decision, compare, decisions, expectations
 from llmgw_twin.live.replay_fold import Fold
-from llmgw_twin.live.replay_infer import REPORT_MS, Inferred, added_nodes, infer_faults
+from llmgw_twin.live.replay_infer import infer_faults
 from llmgw_twin.live.replay_log import EventLog, ReplayError, fetch_log, parse_time, read_log
 from llmgw_twin.live.replay_log import save_log as log_text
+from llmgw_twin.live.replay_nodes import REPORT_MS, Inferred, added_nodes
 from llmgw_twin.service.ops.ctl import _common
 from llmgw_twin.service.ops.snapshot import SnapshotError, fetch_state, scenario, write_atomically
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario_text
