@@ -36,10 +36,8 @@ REFUSED = {
     "autoscale-diurnal": "the autoscaler runs in the twin only",
     "autoscale-from-zero": "the autoscaler runs in the twin only",
     "controller-clock-skew": "without a per-process clock (faketime)",
-    "leaf-down": "register without a topology",
-    "spine-down": "register without a topology",
-    "nvlink-domain-down": "register without a topology",
-    "placement-nvlink-domain": "register without a topology",
+    "leaf-down": "cuts each node's own fabric link",
+    "spine-down": "splits a fabric between groups of nodes",
 }
 """Files whose faults real mode has no means for yet: refused up front, exit 2, with the reason
 (`realmode/refusals.py`, `REFUSED`)."""

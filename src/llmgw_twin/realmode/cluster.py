@@ -179,6 +179,11 @@ class RealCluster:
                     "args": list(p.args),
                 }
                 | ({"start_timeout": _duration(p.start_timeout_ms)} if p.start_timeout_ms else {})
+                | (
+                    {"nvlink": p.topology.nvlink, "leaves": p.topology.leaves}
+                    if p.topology.constrained
+                    else {}
+                )
                 for p in sc.profiles
             },
             # no deployments: the run applies them once every agent has registered
@@ -251,6 +256,13 @@ class RealCluster:
                 "policy": {"model_dirs": models},
                 "credential": str(self._credential_path(info.node)),
             }
+            if info.topology is not None:  # the inventory reads none: the config names it
+                place = {
+                    "leaf": info.topology.leaf,
+                    "spine": info.topology.spine,
+                    "nvlink_domain": info.topology.nvlink_domain,
+                }
+                config["topology"] = {k: v for k, v in place.items() if v is not None}
             path = self.workdir / f"agent-{info.node}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=True))
             self.nodes[info.node] = NodeProcs(

@@ -113,14 +113,11 @@ DOMAIN_BACK_REFUSED = (
     "nvlink_domain_down with `for` boots the nodes again, which real mode does only with a "
     "restart_node fault per node: write those instead"
 )
-RULES_REFUSED = (
-    "real mode's agents read their inventory from a sysfs-shaped root that holds no leaf or "
-    "NVLink domain, so they register without a topology and a multi-node replica with "
-    "topology rules could never be placed (the twin reads cluster.topology)"
-)
+
 AUTOSCALE_REFUSED = (
-    "the controller service takes no autoscale policy from its configuration and reads no "
-    "router's or engine's load yet, so the autoscaler runs in the twin only"
+    "real mode runs a file at a tenth of its time, its requests ten times as often, while the "
+    "engines answer at their own pace, so the load the routers report is not the twin's and "
+    "the autoscaler's counts would not compare: the autoscaler runs in the twin only"
 )
 PARTITION_REFUSED = {
     "agents": (
@@ -147,12 +144,6 @@ def check_real_supported(scenario: Scenario) -> None:
             f"{scenario.path}: real mode runs at most {ports.UNITS} nodes on one machine "
             f"({ports.PORTS_PER_NODE} ports each), this file has {len(scenario.all_nodes)}"
         )
-    for profile in scenario.profiles:
-        if profile.topology.constrained:
-            raise ValueError(
-                f"{scenario.path}: profile {profile.name} has topology rules (nvlink, leaves), "
-                f"not supported in real mode yet: {RULES_REFUSED}"
-            )
     if scenario.autoscale:
         raise ValueError(
             f"{scenario.path}: deployments with autoscale are not supported in real mode yet: "

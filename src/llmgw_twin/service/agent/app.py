@@ -37,7 +37,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, assert_never
 
 import httpx
@@ -88,7 +88,9 @@ def read_node_info(settings: AgentSettings) -> NodeInfo:
     inv = read_inventory(settings.root, fabric=settings.fabric, use_nvml=settings.use_nvml)
     for warning in inv.warnings:
         log.warning("inventory: %s", warning)
-    return to_node_info(inv, settings.node, settings.gpu_memory_mib, settings.engine_names)
+    info = to_node_info(inv, settings.node, settings.gpu_memory_mib, settings.engine_names)
+    # the inventory reads no leaf or NVLink domain: the onboarding config names them
+    return info if settings.topology is None else replace(info, topology=settings.topology)
 
 
 def _detail(reply: httpx.Response) -> str:

@@ -19,6 +19,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from llmgw_twin.control.model import ENGINES
+from llmgw_twin.control.topology import DomainId, LeafId, NodeTopology, SpineId
 from llmgw_twin.service.agent.policy import DEFAULT_POLICY, PolicyC, PolicySettings, policy_settings
 from llmgw_twin.service.common.config import (
     ConfigError,
@@ -63,6 +64,14 @@ class PortsC(_Strict):
     last: Port
 
 
+class TopologyC(_Strict):
+    """Where the node sits below its fabric and beside it (docs/topology.md)."""
+
+    leaf: Name | None = None
+    spine: Name | None = None
+    nvlink_domain: Name | None = None
+
+
 class AgentFile(_Strict):
     node: Name
     controller: Url
@@ -73,6 +82,7 @@ class AgentFile(_Strict):
     advertise_url: Url | None = None
     root: Text = "/"
     fabric: Name | None = None
+    topology: TopologyC | None = None
     use_nvml: Annotated[bool, Strict()] | None = None
     gpu_memory: Text = "80GiB"
     engines: dict[Name, Text | EngineBinaryC] | None = None
@@ -141,6 +151,8 @@ class AgentSettings:
     """Every controller's address, `controller_url` first (docs/high-availability.md)."""
     listen_limits: ListenLimits = DEFAULT_LISTEN_LIMITS
     """The listener's connection cap, timeouts and head bound (`listener.py`)."""
+    topology: NodeTopology | None = None
+    """The node's leaf, spine and NVLink domain, as the config names them (None: not known)."""
 
     @property
     def engine_names(self) -> tuple[str, ...]:
@@ -215,6 +227,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         ).rstrip("/"),
         root=root,
         fabric=f.fabric,
+        topology=_topology(f.topology),
         use_nvml=f.use_nvml if f.use_nvml is not None else root.resolve() == Path("/"),
         gpu_memory_mib=gpu_memory_mib,
         engines=tuple(engines),
@@ -240,6 +253,16 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         tls=tls,
         controller_tls=client_tls(path, f.controller_tls),
         run_state=relative(path, f.run_state or f"{_state_dir()}/{f.node}.run.json"),
+    )
+
+
+def _topology(t: TopologyC | None) -> NodeTopology | None:
+    if t is None or (t.leaf is None and t.spine is None and t.nvlink_domain is None):
+        return None
+    return NodeTopology(
+        LeafId(t.leaf) if t.leaf is not None else None,
+        SpineId(t.spine) if t.spine is not None else None,
+        DomainId(t.nvlink_domain) if t.nvlink_domain is not None else None,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, assert_never
+from typing import Annotated, Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
@@ -44,6 +44,7 @@ from llmgw_twin.service.common.wire import (
     Positive,
     ProfileW,
     Text,
+    TopologyRulesW,
     Url,
     describe_errors,
 )
@@ -75,6 +76,10 @@ class ProfileC(_Strict):
     load_time: Duration = "0"
     start_timeout: Duration | None = None
     args: list[Annotated[str, Strict()]] = Field(default=[], max_length=MAX_ARGS)
+    nvlink: Literal["any", "same_domain"] = "any"
+    """Every shard in one NVLink domain (docs/topology.md)."""
+    leaves: Literal["any", "fewest", "same"] = "any"
+    """Every shard under one leaf switch, or as few as can be."""
 
 
 class DeploymentC(_Strict):
@@ -214,6 +219,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
                 model=pc.model,
                 load_time_ms=load_ms,
                 args=pc.args,
+                topology=TopologyRulesW(nvlink=pc.nvlink, leaves=pc.leaves),
             )
         except ValidationError as e:
             raise ConfigError(f"{path}: profiles.{name}: {describe_errors(e.errors())}") from None
