@@ -22,7 +22,6 @@ from llmgw_twin.control.model import (
     Timings,
 )
 from llmgw_twin.twin.scenario.initial_model import Initial
-from llmgw_twin.twin.scenario.workload_model import EngineModel, SloExpectation, Workload
 from llmgw_twin.twin.scenario.topo_actions import (
     TOPOLOGY_FAULT_KEYS,
     LeafDown,
@@ -30,6 +29,7 @@ from llmgw_twin.twin.scenario.topo_actions import (
     NvlinkDomainDown,
     SpineDown,
 )
+from llmgw_twin.twin.scenario.workload_model import EngineModel, SloExpectation, Workload
 
 # --- faults ----------------------------------------------------------------------------------
 
@@ -239,11 +239,11 @@ FaultAction = (
     | DelayHeartbeats
     | AddNode
     | SetProfile
-)
     | LeafDown
     | SpineDown
     | NvlinkDomainDown
     | NvlinkDegraded
+)
 
 FAULT_KEYS: dict[str, type] = {
     "kill_node": KillNode,
@@ -271,8 +271,8 @@ FAULT_KEYS: dict[str, type] = {
     "delay_heartbeats": DelayHeartbeats,
     "add_node": AddNode,
     "set_profile": SetProfile,
-}
     **TOPOLOGY_FAULT_KEYS,
+}
 """The YAML key of each fault action."""
 
 
@@ -316,10 +316,10 @@ EVENT_SUBJECTS: tuple[str, ...] = (
     "controller",
     "epoch",
     "side",
-)
     "leaf",
     "spine",
     "domain",
+)
 """Subject fields an event may carry, and so the filters an event expectation may use."""
 
 
