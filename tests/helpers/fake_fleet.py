@@ -20,6 +20,7 @@ import httpx
 
 from helpers.controller import registration
 from helpers.live import live_server
+from llmgw_twin.control.autoscale import AutoscalePolicy
 from llmgw_twin.control.model import NodeId, ShardReport, ShardSpec, ShardState, Timings
 from llmgw_twin.control.protocol import Heartbeat
 from llmgw_twin.service.common.auth import new_token, token_hash
@@ -143,12 +144,12 @@ class Fleet:
 
 
 @contextmanager
-def running_fleet(tmp_path: Path) -> Iterator[Fleet]:
+def running_fleet(tmp_path: Path, autoscale: tuple[AutoscalePolicy, ...] = ()) -> Iterator[Fleet]:
     """A controller asking for an admin token, with fake agents; no node yet."""
     admin = new_token()
     auth = ControllerAuth((token_hash(admin),), (), tmp_path / "secret.key")
     settings = ControllerSettings(
-        "127.0.0.1", 0, str(tmp_path / "c.db"), TIMINGS, (), (), auth=auth
+        "127.0.0.1", 0, str(tmp_path / "c.db"), TIMINGS, (), (), auth=auth, autoscale=autoscale
     )
     agents = Agents()
     transport = httpx.MockTransport(agents.command)

@@ -112,7 +112,9 @@ class Autoscaler:
         needs = self._needs[sample.model]
         needs.append((now_ms, need(policy, sample)))
         keep = max(policy.up_window_ms, policy.down_window_ms)
-        while needs and needs[0][0] < now_ms - keep:
+        # the samples of the longer window, and the newest one before it: the windows are
+        # "covered" once a sample is at least that old (reports come on no grid in real time)
+        while len(needs) >= 2 and needs[1][0] <= now_ms - keep:
             needs.popleft()
 
     def decide(
@@ -131,12 +133,13 @@ class Autoscaler:
         if moving:
             return None
         first = needs[0][0]
-        up = [n for t, n in needs if t >= now_ms - policy.up_window_ms]
+        # the need over each window: the samples in it, and the one in force at its start
+        up = _over(needs, now_ms - policy.up_window_ms)
         if up and first <= now_ms - policy.up_window_ms and min(up) > current:
             to = min(*up, top)
             if to > current:
                 return Decision(model, to, f"load needs {min(up)} over {policy.up_window_ms} ms")
-        down = [n for t, n in needs if t >= now_ms - policy.down_window_ms]
+        down = _over(needs, now_ms - policy.down_window_ms)
         settled = first <= now_ms - policy.down_window_ms
         last = self._scaled_down_ms.get(model)
         rested = last is None or now_ms - last >= policy.down_window_ms
@@ -148,3 +151,10 @@ class Autoscaler:
                     model, to, f"load needs at most {max(down)} over {policy.down_window_ms} ms"
                 )
         return None
+
+
+def _over(needs: deque[tuple[int, int]], since_ms: int) -> list[int]:
+    """The needs in force over `[since_ms, now]`: the sample in force at `since_ms` (the last
+    at or before it) and each one after."""
+    in_force = [n for t, n in needs if t <= since_ms][-1:]
+    return in_force + [n for t, n in needs if t > since_ms]

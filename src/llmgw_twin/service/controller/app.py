@@ -46,6 +46,7 @@ from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.durable import DurableState, Write
 from llmgw_twin.control.model import NodeId, TraceEvent
 from llmgw_twin.control.protocol import (
+    ApplyAutoscale,
     ApplyDeployment,
     ApplyProfile,
     ControllerCommand,
@@ -72,6 +73,7 @@ from llmgw_twin.service.common.wire import (
     TraceEventW,
 )
 from llmgw_twin.service.controller.admin_calls import AdminCalls
+from llmgw_twin.service.controller.autoscaling import LoadLoop, RouterLoads
 from llmgw_twin.service.controller.committer import Committer
 from llmgw_twin.service.controller.config import ControllerSettings
 from llmgw_twin.service.controller.delivery import Delivery
@@ -123,6 +125,14 @@ class ControllerRuntime(AdminCalls):
         self.store = open_store(settings.store, events_kept=settings.events_kept)
         self.router = Router(outstanding_limit=settings.limits.outstanding_per_replica)
         self.forwarder = Forwarder(self.router, transport=engine_transport)
+        self.router_loads = RouterLoads()
+        """The routers' pushed load, for the autoscaler (`autoscaling.py`)."""
+        self.load_loop = LoadLoop(
+            settings.autoscale,
+            self.router,
+            self.router_loads,
+            lambda report: self.handle_all([report]),
+        )
         self.feed = RoutingFeed()
         self.metrics = ControllerMetrics(self)
         self.keys: ControllerKeys | None = None
@@ -228,12 +238,15 @@ class ControllerRuntime(AdminCalls):
             # time from when its request was delivered, not from when it was queued (a commit
             # slow to reach the disk, or a large fleet's requests leaving a few connections at
             # a time, must not use it up and have healthy nodes declared lost).
+            for policy in s.autoscale:  # configuration, given at every start
+                self._apply(self._core.handle(ApplyAutoscale(policy), self.now_ms()))
             core = self._core
             self.delivery.on_report_tried = lambda node: core.report_delivered(node, self.now_ms())
             started = self._apply(core.start(self.now_ms(), awaits_delivery=True))
         if started is not None:
             await started  # durable, and the report requests to every known agent queued
         self._loop_task = asyncio.create_task(self._reconcile_loop())
+        self.load_loop.start()
         self.lag.start()
         if self.gc_pauses is not None:
             self.gc_pauses.start()
@@ -256,6 +269,7 @@ class ControllerRuntime(AdminCalls):
     async def stop(self) -> None:
         if self.gc_pauses is not None:
             await self.gc_pauses.stop()
+        await self.load_loop.stop()
         await self.lag.stop()
         await self.leadership.stop()
         if self._loop_task is not None:

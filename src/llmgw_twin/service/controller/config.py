@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
+from llmgw_twin.control.autoscale import AutoscalePolicy
 from llmgw_twin.control.model import Deployment, ModelName, Profile, ProfileName, Timings
 from llmgw_twin.service.common.config import (
     ConfigError,
@@ -89,6 +91,21 @@ class DeploymentC(_Strict):
     """As the API bounds a deployment's (`PUT /v1/admin/deployments/{model}`)."""
 
 
+class AutoscaleC(_Strict):
+    """A deployment's autoscaling (docs/autoscale.md): the service follows the requests
+    outstanding at its replicas, its own and the routers' (`autoscaling.py`)."""
+
+    min: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICAS)]
+    max: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICAS)]
+    signal: Literal["outstanding"] = "outstanding"
+    """The engines' queue, KV-cache and TTFT figures are the twin's only: the service reads no
+    engine metrics yet."""
+    target: Annotated[float, Field(gt=0, le=1_000_000)]
+    up_window: Duration = "30s"
+    down_window: Duration = "5m"
+    interval: Duration = "10s"
+
+
 MAX_PROFILES = MAX_DEPLOYMENTS = 1_000
 MAX_EVENTS_KEPT = 10_000_000
 MAX_TIMING_COUNT = 1_000_000
@@ -102,6 +119,9 @@ class ControllerFile(_Strict):
     """Checked against `TIMING_KEYS` by `_timings`, so that the keys follow `Timings`."""
     profiles: dict[Name, ProfileC] = Field(default={}, max_length=MAX_PROFILES)
     deployments: list[DeploymentC] = Field(default=[], max_length=MAX_DEPLOYMENTS)
+    autoscale: dict[Name, AutoscaleC] = Field(default={}, max_length=MAX_DEPLOYMENTS)
+    """Per model: applied at every start, as the timings are (the deployments only to an
+    empty store)."""
     auth: AuthC | None = None
     agents_tls: ClientTlsC | None = None
     limits: LimitsC = LimitsC()
@@ -135,6 +155,8 @@ class ControllerSettings:
     """Where the others' clients reach this controller (`advertise_url` in the file)."""
     listen_limits: ListenLimits = DEFAULT_LISTEN_LIMITS
     """The listener's connection cap, timeouts and head bound (`listener.py`)."""
+    autoscale: tuple[AutoscalePolicy, ...] = ()
+    """The deployments whose count follows their load (`autoscale` in the file)."""
 
 
 def _timings(path: Path, raw: dict[str, Any]) -> Timings:
@@ -240,6 +262,7 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         if any(d.model == dc.model for d in deployments):
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
         deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
+    autoscale = tuple(_autoscale(path, model, ac) for model, ac in sorted(f.autoscale.items()))
     store = f.store if is_postgres_url(f.store) else _store_file(path, f.store)
     auth = auth_settings(path, f.auth, store)
     tls = server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
@@ -257,10 +280,30 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         events_kept=f.events_kept,
         name=f.name,
         listen_limits=listen_limits(path, f.listen),
+        autoscale=autoscale,
         advertise_url=(f.advertise_url or default_url(f.listen.host, f.listen.port, tls)).rstrip(
             "/"
         ),
     )
+
+
+def _autoscale(path: Path, model: str, ac: AutoscaleC) -> AutoscalePolicy:
+    where = f"autoscale.{model}"
+    try:
+        return AutoscalePolicy(
+            model=ModelName(model),
+            minimum=ac.min,
+            maximum=ac.max,
+            signal=ac.signal,
+            target=Fraction(str(ac.target)),
+            up_window_ms=duration_setting(path, f"{where}.up_window", ac.up_window, positive=True),
+            down_window_ms=duration_setting(
+                path, f"{where}.down_window", ac.down_window, positive=True
+            ),
+            interval_ms=duration_setting(path, f"{where}.interval", ac.interval, positive=True),
+        )
+    except ValueError as e:
+        raise ConfigError(f"{path}: {where}: {e}") from None
 
 
 def default_url(host: str, port: int, tls: ServerTls | None) -> str:

@@ -42,6 +42,7 @@ from llmgw_twin.service.common.wire import (
 )
 from llmgw_twin.service.controller import standby
 from llmgw_twin.service.controller.app import EVENTS_PAGE, ControllerRuntime
+from llmgw_twin.service.controller.autoscaling import LoadPushW
 from llmgw_twin.service.controller.fastpath import HeartbeatFastPath
 from llmgw_twin.service.controller.operator_api import add_operator_routes
 from llmgw_twin.service.controller.status_page import status_response
@@ -195,6 +196,12 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=EVENTS_PAGE)] = EVENTS_PAGE,
     ) -> dict[str, Any]:
         return runtime.events(after, limit)
+
+    @app.post("/v1/router/load", dependencies=[Depends(_as_router)])
+    async def router_load(body: LoadPushW) -> dict[str, Any]:
+        """A router's load for the autoscaler (docs/autoscale.md); kept while fresh."""
+        runtime.router_loads.put(body.router, body.outstanding)
+        return {"accepted": True, "routers": runtime.router_loads.routers()}
 
     # never shed, as heartbeats are not: a router's table is how requests find replicas
     @app.get(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,6 +40,10 @@ READ_MARGIN_S = 10.0
 """How much longer than the wait asked for a read of the feed may take before it is given up."""
 
 
+LOAD_PUSH_S = 5.0
+"""How often a router pushes its load to the controller's autoscaler."""
+
+
 class _Unavailable(Exception):
     pass
 
@@ -55,10 +60,16 @@ class FeedFollower:
         reconnect_max_ms: int = 5_000,
         transport: httpx.AsyncBaseTransport | None = None,
         others: Sequence[str] = (),
+        push_load_s: float = LOAD_PUSH_S,
     ) -> None:
         """`others`: the other controllers' addresses, when several share a store: the feed
-        is read from whichever leads (a standby does not answer)."""
+        is read from whichever leads (a standby does not answer). `push_load_s`: how often
+        the requests outstanding per model are pushed to it, for its autoscaler (0: never)."""
         self.router = router
+        self.push_load_s = push_load_s
+        self.router_id = f"router-{uuid.uuid4().hex[:12]}"
+        self.pushes = 0
+        self._push_task: asyncio.Task[None] | None = None
         self.controllers = Controllers(list(dict.fromkeys((controller_url, *others))))
         self._token_file = token_file
         self._tls = tls
@@ -92,8 +103,39 @@ class FeedFollower:
             ),
         )
         self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.push_load_s > 0:
+            self._push_task = asyncio.get_running_loop().create_task(self._push_loads())
+
+    def outstanding(self) -> dict[str, int]:
+        """Requests outstanding at each model's routable replicas, by this router."""
+        return {
+            str(m): sum(self.router.outstanding(r.replica) for r in self.router.routes(m))
+            for m in self.router.models()
+        }
+
+    async def _push_loads(self) -> None:
+        """Every `push_load_s`, this router's load to the controller that answered last (its
+        autoscaler sums every router's, docs/autoscale.md); a push that fails is dropped: the
+        next one says the same, newer."""
+        while True:
+            await asyncio.sleep(self.push_load_s)
+            assert self._client is not None
+            headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+            body = {"router": self.router_id, "outstanding": self.outstanding()}
+            try:
+                r = await self._client.post(
+                    self.controllers.current + "/v1/router/load", json=body, headers=headers
+                )
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                self.pushes += 1
 
     async def stop(self) -> None:
+        if self._push_task is not None:
+            self._push_task.cancel()
+            await asyncio.gather(self._push_task, return_exceptions=True)
+            self._push_task = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -190,4 +232,5 @@ class FeedFollower:
             "resyncs": self.resyncs,
             "events": self.events,
             "disconnects": self.disconnects,
+            "load_pushes": self.pushes,
         }

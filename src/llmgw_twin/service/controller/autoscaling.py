@@ -1,0 +1,123 @@
+"""The controller service's autoscaling: the load it hears, and the loop that reports it to the
+core (`control/autoscale.py`, docs/autoscale.md).
+
+Role: each router process pushes the requests outstanding at its replicas, per model, every few
+seconds (`POST /v1/router/load`, `RouterLoads.put`); the controller's own forwarding counts
+its own. Every policy's `interval` (the shortest of them), `LoadLoop` sums them per autoscaled
+model, with the model's routable replicas as the controller's router sees them, and hands the
+core a `LoadReport`; what the core decides is applied as any step is (a `deployment.scaled`
+event, the deployment's new count in the store).
+
+Invariants:
+- A router's push counts while it is fresh (`STALE_S`); one that stopped pushing (gone, cut
+  off) stops counting, so a dead router's last load never holds a count up.
+- At most `MAX_ROUTERS` routers are remembered (the oldest push is dropped first): memory an
+  authenticated caller cannot grow without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from fractions import Fraction
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from llmgw_twin.control.autoscale import AutoscalePolicy, LoadSample
+from llmgw_twin.control.model import ModelName
+from llmgw_twin.control.protocol import LoadReport
+from llmgw_twin.control.routing import Router
+
+log = logging.getLogger(__name__)
+
+STALE_S = 30.0
+"""A router's push older than this no longer counts."""
+MAX_ROUTERS = 1_000
+MAX_MODELS = 1_000
+
+
+class LoadPushW(BaseModel):
+    """A router's push: its id (any string it keeps for its life) and, per model, the requests
+    outstanding at the model's replicas."""
+
+    model_config = ConfigDict(extra="forbid")
+    router: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    outstanding: Annotated[
+        dict[Annotated[str, StringConstraints(max_length=128)], Annotated[int, Field(ge=0)]],
+        Field(max_length=MAX_MODELS),
+    ]
+
+
+class RouterLoads:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._loads: dict[str, tuple[float, dict[str, int]]] = {}
+
+    def put(self, router: str, outstanding: dict[str, int]) -> None:
+        self._loads.pop(router, None)  # re-inserted last: the dict is oldest-push first
+        self._loads[router] = (self._clock(), dict(outstanding))
+        while len(self._loads) > MAX_ROUTERS:
+            del self._loads[next(iter(self._loads))]
+
+    def outstanding(self, model: str) -> int:
+        now = self._clock()
+        return sum(load.get(model, 0) for at, load in self._loads.values() if now - at <= STALE_S)
+
+    def routers(self) -> int:
+        now = self._clock()
+        return sum(1 for at, _ in self._loads.values() if now - at <= STALE_S)
+
+
+def samples(
+    policies: tuple[AutoscalePolicy, ...], router: Router, loads: RouterLoads
+) -> tuple[LoadSample, ...]:
+    """Each autoscaled model's load now: its routable replicas (the controller's own table) and
+    the requests outstanding at them (its own forwarding's and every fresh router's)."""
+    out = []
+    for policy in policies:
+        routes = router.routes(policy.model)
+        own = sum(router.outstanding(r.replica) for r in routes)
+        total = own + loads.outstanding(str(policy.model))
+        out.append(LoadSample(ModelName(policy.model), Fraction(total), len(routes)))
+    return tuple(out)
+
+
+class LoadLoop:
+    """Every `interval`, the load to the core (`handle` awaits the step's commit)."""
+
+    def __init__(
+        self,
+        policies: tuple[AutoscalePolicy, ...],
+        router: Router,
+        loads: RouterLoads,
+        handle: Callable[[LoadReport], Awaitable[None]],
+    ) -> None:
+        self.policies = policies
+        self._router = router
+        self._loads = loads
+        self._handle = handle
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.policies:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        interval_s = min(p.interval_ms for p in self.policies) / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self._handle(LoadReport(samples(self.policies, self._router, self._loads)))
+            except Exception:  # a refused step (deposed, store down): the next report comes
+                log.exception("the autoscaler's load report was not taken")

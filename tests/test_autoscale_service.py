@@ -1,0 +1,134 @@
+"""The controller service's autoscaler (docs/autoscale.md): policies from its configuration,
+routers' load pushed over HTTP (`POST /v1/router/load`), and the count changed by the control
+core's rules, on a real controller on loopback with fake agents.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from helpers.fake_fleet import Fleet, running_fleet
+from helpers.services import wait_sync
+from llmgw_twin.control.autoscale import AutoscalePolicy
+from llmgw_twin.control.model import ModelName
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.controller.autoscaling import STALE_S, RouterLoads
+from llmgw_twin.service.controller.config import load_controller_config
+
+POLICY = AutoscalePolicy(
+    model=ModelName("small"),
+    minimum=1,
+    maximum=4,
+    signal="outstanding",
+    target=Fraction(2),
+    up_window_ms=600,
+    down_window_ms=1_500,
+    interval_ms=200,
+)
+
+
+def _count(fleet: Fleet) -> int:
+    return {d["model"]: d["replicas"] for d in fleet.state()["deployments"]}["small"]
+
+
+def _push(fleet: Fleet, outstanding: int) -> None:
+    r = fleet.client.post(
+        "/v1/router/load", json={"router": "r1", "outstanding": {"small": outstanding}}
+    )
+    assert r.status_code == 200, r.text
+
+
+def _scaled(fleet: Fleet) -> list[dict[str, Any]]:
+    return [e["subjects"] for e in fleet.events() if e["kind"] == "deployment.scaled"]
+
+
+def test_the_count_follows_the_routers_load_up_at_once_and_down_one_at_a_time(
+    tmp_path: Path,
+) -> None:
+    with running_fleet(tmp_path, autoscale=(POLICY,)) as fleet:
+        for node in ("n1", "n2"):
+            fleet.add_node(node, "ib-a", 8)
+        fleet.put(
+            "/v1/admin/profiles/small",
+            {"engine": "sim", "gpus_per_node": 2, "model": "/m/small", "load_time_ms": 100},
+        )
+        fleet.put("/v1/admin/deployments/small", {"profile": "small", "replicas": 1})
+
+        def up() -> bool | None:
+            _push(fleet, 7)  # 7 outstanding at a target of 2 a replica: 4 needed
+            return _count(fleet) == 4 or None
+
+        wait_sync(up, 30, "the deployment scaled up to 4")
+        first = _scaled(fleet)
+        assert [(e["was"], e["replicas"]) for e in first] == [(1, 4)]
+
+        def down() -> bool | None:
+            _push(fleet, 0)
+            return _count(fleet) < 4 or None
+
+        wait_sync(down, 30, "the deployment scaled down")
+        steps = [(e["was"], e["replicas"]) for e in _scaled(fleet)]
+        assert steps[:2] == [(1, 4), (4, 3)]  # one replica at a time
+        assert _count(fleet) == 3
+
+
+def test_a_bad_push_is_refused_and_a_router_credential_is_needed(tmp_path: Path) -> None:
+    with running_fleet(tmp_path, autoscale=(POLICY,)) as fleet:
+        bad = fleet.client.post("/v1/router/load", json={"router": "", "outstanding": {}})
+        assert bad.status_code == 422
+        negative = {"router": "r", "outstanding": {"small": -1}}
+        assert fleet.client.post("/v1/router/load", json=negative).status_code == 422
+        anonymous = httpx.post(
+            f"{fleet.url}/v1/router/load", json={"router": "r", "outstanding": {}}
+        )
+        assert anonymous.status_code == 401
+
+
+def test_a_router_that_stops_pushing_stops_counting() -> None:
+    now = [0.0]
+    loads = RouterLoads(lambda: now[0])
+    loads.put("a", {"m": 3})
+    loads.put("b", {"m": 4})
+    assert loads.outstanding("m") == 7 and loads.routers() == 2
+    now[0] = STALE_S / 2
+    loads.put("b", {"m": 1})
+    now[0] = STALE_S + 1  # a's push is stale, b's is not
+    assert loads.outstanding("m") == 1 and loads.routers() == 1
+
+
+@pytest.mark.parametrize(
+    ("autoscale", "message"),
+    [
+        ("{min: 3, max: 2, target: 4}", "autoscale.small: autoscale small: minimum 3"),
+        ("{min: 1, max: 2, target: 4, signal: queue}", "autoscale.small.signal"),
+        ("{min: 1, max: 2, target: 0}", "autoscale.small.target"),
+        ("{min: 1, max: 2, target: 4, up_window: soon}", "autoscale.small.up_window"),
+    ],
+)
+def test_a_bad_policy_in_the_config_names_its_key(
+    tmp_path: Path, autoscale: str, message: str
+) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text(
+        f"listen: {{host: 127.0.0.1, port: 8080}}\nstore: c.db\nautoscale:\n  small: {autoscale}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_controller_config(path)
+    assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_good_policy_is_read_from_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text(
+        "listen: {host: 127.0.0.1, port: 8080}\nstore: c.db\n"
+        "autoscale:\n  small: {min: 1, max: 6, target: 2.5, down_window: 10m}\n"
+    )
+    (policy,) = load_controller_config(path).autoscale
+    assert policy.model == "small" and (policy.minimum, policy.maximum) == (1, 6)
+    assert policy.target == Fraction(5, 2) and policy.down_window_ms == 600_000
+    assert policy.up_window_ms == 30_000 and policy.interval_ms == 10_000
