@@ -89,3 +89,39 @@ def test_replay_of_an_unreachable_controller_is_one_line_and_no_file(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot reach the controller")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_live_incident_replays_with_the_same_decisions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "incident.yaml"
+    (tmp_path / "c").mkdir()
+    with running_fleet(tmp_path / "c") as fleet:
+        for node, fabric in (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-a"), ("n4", "ib-b")):
+            fleet.add_node(node, fabric, 8)
+            fleet.add_node(f"{node}b", fabric, 8)
+        fleet.put(
+            "/v1/admin/profiles/one",
+            {"engine": "sim", "gpus_per_node": 8, "model": "/m/one", "load_time_ms": 1},
+        )
+        fleet.put("/v1/admin/deployments/one", {"profile": "one", "replicas": 2})
+        wait_sync(lambda: len(fleet.replicas("ready")) == 2 or None, 30, "two ready replicas")
+        opened = fleet.events()[-1]["t_ms"] + 1
+        victim = fleet.replicas("ready")[0]["nodes"][0]
+        with fleet.agents.lock:
+            fleet.agents.beating.discard(victim)  # it falls silent, as a node that died
+        wait_sync(
+            lambda: [e for e in fleet.events() if e["kind"] == "node.lost"] or None,
+            30,
+            "the silent node lost",
+        )
+        wait_sync(lambda: len(fleet.replicas("ready")) == 2 or None, 30, "a replacement ready")
+        monkeypatch.setenv("LLMGW_TWIN_TOKEN", fleet.admin)
+        window = ["--from", str(opened)]
+        assert main(["replay", "--controller", fleet.url, *window, "-o", str(out), "--check"]) == 0
+    printed = capsys.readouterr().out
+    data = yaml.safe_load(out.read_text())
+    assert [f.get("kill_node") for f in data["faults"]] == [victim]
+    kinds = {(e["event"], e.get("node")) for e in data["expect"]}
+    assert ("node.lost", victim) in kinds and ("replica.failed", victim) in kinds
+    assert "check: the twin made" in printed and "not made" not in printed
