@@ -1,7 +1,8 @@
 """`llmgw-twin replay --controller URL`: the log and fleet of a live controller (on loopback,
 with fake agents: `helpers.fake_fleet`) made into a scenario; the log saved with `--save-log`
 replays the same from the file, and a window that opens after the fleet is ready starts from
-the replicas the controller holds (docs/live-twin.md, "Replay")."""
+the replicas the controller holds; a node that falls silent and is lost replays as a kill with
+the same decisions (docs/live-twin.md, "Replay")."""
 
 from __future__ import annotations
 
