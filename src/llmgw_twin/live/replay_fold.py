@@ -232,14 +232,14 @@ class Fold:
             node, gpu = str(ev.get("node")), int(str(ev.get("gpu")))
             if node not in self.free:
                 continue
-            victims = [
-                str(e.get("replica"))
-                for e in window[max(0, i - 20) : i]
-                if e.kind == "replica.failed"
-                and e.get("node") == node
-                and ev.t_ms - e.t_ms <= 100
-                and str(e.get("replica")) in self.replicas
-            ]
+            victims = []
+            for j in range(i - 1, -1, -1):
+                e = window[j]
+                if ev.t_ms - e.t_ms > 100:
+                    break
+                rid = str(e.get("replica"))
+                if e.kind == "replica.failed" and e.get("node") == node and rid in self.replicas:
+                    victims.append(rid)
             holder = next((r for r in self.replicas.values() if gpu in r.gpus.get(node, ())), None)
             if victims and (holder is None or holder.id not in victims):
                 victim = self.replicas[victims[0]]
