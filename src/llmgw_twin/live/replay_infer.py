@@ -46,11 +46,12 @@ def infer_faults(
 ) -> list[Inferred]:
     out: list[Inferred] = []
     rel = Clock(start_ms)
-    nodes_of = _nodes_of(before + window)
+    history = before + window  # the log up to the window's end
+    nodes_of = _nodes_of(history)
     explained: set[int] = set()  # the window's replica.failed events a fault above explains
     out += silences(window, rel, timings, lost_at_start, nodes_of, explained)
-    out += _engines_and_gpus(window, before, rel, timings, nodes_of, explained)
-    out += _links(window, before + window, rel, end_ms, fabrics)
+    out += _engines_and_gpus(window, history, rel, timings, nodes_of, explained)
+    out += _links(window, history, rel, end_ms, fabrics)
     out += _restarts(window, before, rel, timings)
     out += _operator(window, rel)
     for t, model, count in scales:
@@ -71,7 +72,7 @@ def _nodes_of(events: list[TraceEvent]) -> dict[str, tuple[str, ...]]:
 
 def _engines_and_gpus(
     window: list[TraceEvent],
-    before: list[TraceEvent],
+    history: list[TraceEvent],
     rel: Clock,
     t: Timings,
     nodes_of: dict[str, tuple[str, ...]],
@@ -91,7 +92,6 @@ def _engines_and_gpus(
             out.append(Inferred(ev.t_ms - t.probe_interval_ms, "hang_engine", value, note))
         elif ev.kind == "replica.failed" and reason.startswith("not ready within"):
             leader = nodes_of.get(rid, ())[:1]
-            history = before + window
             placed = _began(history, rid, None)
             if leader and not _troubled(history, nodes_of[rid], placed, ev.t_ms):
                 began = _began(history, rid, leader[0])
