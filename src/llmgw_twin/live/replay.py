@@ -293,12 +293,13 @@ def _fleet(raw: dict[str, Any], args: argparse.Namespace) -> Scenario:
 
 def _fault(n: int, f: Inferred, start: int) -> dict[str, Any]:
     """The fault in the file: at its time from the window's start; one that began before it,
-    at the start, for what is left of it."""
+    at the start, for what is left of it (a restarted controller's outage is already cut)."""
     early = max(0, start - f.at_ms)
+    left = "down_for" if f.action == "restart_agent" else "for"
     value = f.value
     if isinstance(value, dict):
         value = {
-            k: fmt_duration(max(1000, int(v) - early) if k == "for" and early else int(v))
+            k: fmt_duration(max(1000, int(v) - early) if k == left and early else int(v))
             if k in _DURATIONS
             else v
             for k, v in value.items()
