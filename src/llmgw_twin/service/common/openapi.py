@@ -7,6 +7,8 @@ Role: `install(app)` (called by `wire.install_error_handlers`, so every service'
   9.223372036854776e18 (which is 2**63, a value the server refuses) and `le=64` as 64.0;
 - `allowed(request)`: every method a path takes, for the `Allow` header of a 405 (Starlette
   names only the methods of the first route whose path matched);
+- every operation that takes a body may answer 413 (`too_large`): the limits refuse an
+  oversized body before any route sees it;
 - `TEXT_PATHS`: the paths whose errors are plain text, as their answers are (`GET /metrics`
   speaks Prometheus's text format: a scraper shows a 401's text as it is), declared so in their
   OpenAPI entries (`TEXT_ERRORS`).
@@ -46,7 +48,7 @@ def install(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = exact(build())
+            app.openapi_schema = too_large(exact(build()))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -66,6 +68,23 @@ def exact(schema: Any) -> Any:
             todo.extend(node.values())
         elif isinstance(node, list):
             todo.extend(node)
+    return schema
+
+
+TOO_LARGE = {
+    "description": "The body is over the size limit (refused before it is read or checked)",
+    "content": {"application/json": {"schema": {"type": "object"}}},
+}
+
+
+def too_large(schema: Any) -> Any:
+    """`schema` with a 413 answer on every operation that takes a body (in place; returned):
+    the listener refuses an oversized body before any route sees it (`limits.py`), so every
+    such operation may answer it."""
+    for item in (schema.get("paths") or {}).values():
+        for op in item.values():
+            if isinstance(op, dict) and "requestBody" in op:
+                op.setdefault("responses", {}).setdefault("413", TOO_LARGE)
     return schema
 
 
