@@ -33,7 +33,7 @@ POLICY = AutoscalePolicy(
 
 
 def _count(fleet: Fleet) -> int:
-    return {d["model"]: d["replicas"] for d in fleet.state()["deployments"]}["small"]
+    return int({d["model"]: d["replicas"] for d in fleet.state()["deployments"]}["small"])
 
 
 def _push(fleet: Fleet, outstanding: int) -> None:

@@ -35,11 +35,9 @@ import pathlib
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import httpx
-from fastapi import Request
-from fastapi.responses import Response
 
 from llmgw_twin.control.apply import apply_step
 from llmgw_twin.control.controller import Controller
@@ -56,7 +54,7 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.routing import Router, snapshot_of
+from llmgw_twin.control.routing import Router
 from llmgw_twin.service.common.auth import (
     Caller,
     ControllerKeys,
@@ -64,13 +62,11 @@ from llmgw_twin.service.common.auth import (
     load_secret,
 )
 from llmgw_twin.service.common.feed import RoutingFeed
-from llmgw_twin.service.common.views import fleet_state, model_list
 from llmgw_twin.service.common.wire import (
     HeartbeatW,
     NodeRegisteredW,
     Refused,
     ReportReplyW,
-    TraceEventW,
 )
 from llmgw_twin.service.controller.admin_calls import AdminCalls
 from llmgw_twin.service.controller.autoscaling import LoadLoop, RouterLoads
@@ -81,15 +77,13 @@ from llmgw_twin.service.controller.gcpauses import GcPauses
 from llmgw_twin.service.controller.lag import LagMonitor
 from llmgw_twin.service.controller.leadership import Leadership
 from llmgw_twin.service.controller.metrics import ControllerMetrics
+from llmgw_twin.service.controller.reads import ReadCalls
 from llmgw_twin.service.controller.timings import ControllerTimings
 from llmgw_twin.service.router.forwarding import Forwarder
 from llmgw_twin.store.choose import open_store
 from llmgw_twin.store.postgres import is_postgres_url
 
 log = logging.getLogger("llmgw_twin.controller")
-
-EVENTS_PAGE = 5_000
-"""The most events one read of the log returns: a reader follows `next`."""
 
 EXIT_FATAL = 70
 """The controller process's exit status after a failed store commit or a fault in the core."""
@@ -103,7 +97,7 @@ def _die(message: str) -> NoReturn:
     os._exit(EXIT_FATAL)
 
 
-class ControllerRuntime(AdminCalls):
+class ControllerRuntime(AdminCalls, ReadCalls):
     def __init__(
         self,
         settings: ControllerSettings,
@@ -433,69 +427,3 @@ class ControllerRuntime(AdminCalls):
     async def _lagged(self, late_ms: int) -> None:
         if self._core is not None:
             await self._handle(ControllerLagged(late_ms))
-
-    def state(self) -> dict[str, Any]:
-        out = fleet_state(self.core, self._agent_urls, self.now_ms())
-        gc_view = self.gc_pauses.view() if self.gc_pauses is not None else {}
-        out["controller"] = (
-            self.lag.view()
-            | gc_view
-            | {
-                "sent": self.delivery.sent,
-                "send_failures": self.delivery.failed,
-                "sends_given_up": self.delivery.dropped,
-                "sends_queued": self.delivery.in_flight,
-                "next_reconcile_ms": self.core.reconcile_due_ms,
-            }
-        )
-        # the requests this controller served itself, per second by model over five minutes
-        out["request_rates"] = self.forwarder.metrics.recent.per_second()
-        lease = self.store.lease()
-        store_now = self.store.now_ms()
-        out["leadership"] = {
-            "name": self.leadership.name,
-            "epoch": self.leadership.epoch,
-            "lease_expires_ms": lease.expires_ms if lease is not None else None,
-            "url": self.leadership.url or None,
-            # the others that said within a lease where they are reached: standbys, alive
-            "standbys": [
-                {"name": p.name, "url": p.url, "seen_ms_ago": store_now - p.seen_ms}
-                for p in self.leadership.peers()
-                if p.name != self.leadership.name
-                and store_now - p.seen_ms <= self.settings.timings.lease_ms
-            ],
-        }
-        if self.keys is not None:
-            out["credentials"] = [
-                {"node": c.node, "agent_url": c.agent_url, "issued_ms": c.issued_ms}
-                for c in self.keys.nodes()
-            ]
-        return out
-
-    def events(self, after: int, limit: int = EVENTS_PAGE) -> dict[str, Any]:
-        """Events `after`.. of the log, at most `limit` of them: follow `next` for the rest."""
-        start = max(after - self._events_dropped, 0)
-        page = self._events[start : start + limit]
-        return {
-            "events": [TraceEventW.from_core(ev).model_dump(mode="json") for ev in page],
-            "next": self._events_dropped + start + len(page),
-            "dropped": max(self._events_dropped - after, 0),
-            # the host's monotonic clock at t_ms 0: lets a harness on the same host put events
-            # of successive controller processes on one time line
-            "origin_monotonic_ns": self._t0_ns - self._epoch0_ms * 1_000_000,
-        }
-
-    def deployed(self) -> list[str]:
-        return [d.model for d in self.core.deployments()]
-
-    def models(self) -> dict[str, Any]:
-        return model_list(self.deployed(), self.router)
-
-    async def proxy(self, request: Request, path: str) -> Response:
-        return await self.forwarder.forward(request, path, self.deployed)
-
-    async def router_feed(self, after: int, epoch: str | None, wait_ms: int) -> dict[str, Any]:
-        """A page of the routing feed (`feed.py`) for a router process."""
-        return await self.feed.read(
-            after, epoch, wait_ms, lambda: snapshot_of(self.core.replicas()), self.deployed
-        )

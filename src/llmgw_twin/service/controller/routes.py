@@ -41,10 +41,11 @@ from llmgw_twin.service.common.wire import (
     install_error_handlers,
 )
 from llmgw_twin.service.controller import standby
-from llmgw_twin.service.controller.app import EVENTS_PAGE, ControllerRuntime
+from llmgw_twin.service.controller.app import ControllerRuntime
 from llmgw_twin.service.controller.autoscaling import LoadPushW
 from llmgw_twin.service.controller.fastpath import HeartbeatFastPath
 from llmgw_twin.service.controller.operator_api import add_operator_routes
+from llmgw_twin.service.controller.reads import EVENTS_PAGE
 from llmgw_twin.service.controller.status_page import status_response
 
 PathName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]
