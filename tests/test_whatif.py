@@ -264,3 +264,29 @@ def test_capacity_series_follow_the_router_events() -> None:
     assert whole is not None and whole > kill
     line = capacity.sparkline(serve[next(iter(serve))], want[next(iter(want))], 0, 60_000, 12)
     assert len(line) == 12 and set(line) <= set(capacity.BARS)
+
+
+def test_an_unreachable_controller_is_one_line_and_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from helpers.services import free_ports
+
+    monkeypatch.setenv("LLMGW_TWIN_TOKEN", "lgw_whatever")
+    (port,) = free_ports(1)
+    out = tmp_path / "rehearsed.yaml"
+    argv = ["what-if", "--controller", f"http://127.0.0.1:{port}", "--drain", "n1", "-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot reach the controller")
+    assert not out.exists()
+
+
+def test_a_refused_credential_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with running_fleet(tmp_path) as fleet:
+        fleet.add_node("n1", "ib-a", 8)
+        monkeypatch.setenv("LLMGW_TWIN_TOKEN", "lgw_not-a-token-of-this-controller")
+        assert main(["what-if", "--controller", fleet.url, "--drain", "n1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refused the credential (401)" in err[0]
