@@ -8,6 +8,7 @@ from llmgw_twin.twin.fuzz.judge import judge_plan
 from llmgw_twin.twin.fuzz.shrink import without_nodes
 from llmgw_twin.twin.fuzz.topo import TOPOLOGY_KINDS
 from llmgw_twin.twin.scenario.loader import load_scenario_text
+from llmgw_twin.twin.world.runner import run_scenario
 
 SEEDS = range(1, 121)
 
@@ -58,3 +59,40 @@ def test_seeds_with_a_topology_pass() -> None:
         if ran == 12:
             break
     assert ran == 12
+
+
+def test_ruled_profiles_under_random_faults_keep_their_rules_and_every_invariant() -> None:
+    """The generator gives its profiles no rules (its liveness rule reads fabrics only); here
+    the topology seeds' profiles get some, the liveness expectation is left out, and every
+    placement is held to its rules against the plan's topology, with every invariant on."""
+    ran = 0
+    for seed in SEEDS:
+        plan = generate(seed)
+        if plan.topology is None:
+            continue
+        rules = ("nvlink: same_domain", "leaves: same", "leaves: fewest")
+        text = scenario_text(plan).split("\nexpect:")[0]
+        for p in plan.profiles:  # one rule for all: a rollout keeps it
+            old = f"model: /models/{p.name}}}"
+            text = text.replace(old, f"model: /models/{p.name}, {rules[seed % 3]}}}")
+        scenario = load_scenario_text(text, f"ruled-{seed}.yaml")
+        result = run_scenario(scenario)
+        bad = [(i.name, i.violations[:2]) for i in result.invariants if i.violations]
+        assert not bad, (seed, bad)
+        where = {n.node: n.topology for n in scenario.all_nodes}
+        ruled = {str(d.model): scenario.profile(d.profile).topology for d in scenario.deployments}
+        for ev in result.trace:
+            if ev.kind != "replica.placed":
+                continue
+            nodes = ev.get("nodes")
+            assert isinstance(nodes, tuple)
+            topo = [where[n] for n in nodes]
+            rule = ruled[str(ev.get("model"))]
+            if len(nodes) > 1 and rule.nvlink == "same_domain":
+                assert len({t.nvlink_domain for t in topo if t}) == 1 and all(topo), (seed, ev)
+            if len(nodes) > 1 and rule.leaves == "same":
+                assert len({t.leaf for t in topo if t}) == 1 and all(topo), (seed, ev)
+        ran += 1
+        if ran == 15:
+            break
+    assert ran == 15
