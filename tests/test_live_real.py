@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from helpers.real_runs import alive_groups
 from llmgw_twin.live import whatif
@@ -237,3 +238,49 @@ def test_a_fabric_outage_on_a_real_cluster_goes_as_predicted(own_tmp: Path) -> N
     )
     assert big.least == real_big.least
     assert abs((real_whole - outage_at_ms) - predicted.whole_after_ms) <= TOLERANCE_MS
+
+
+def test_an_incident_on_a_real_cluster_replays_in_the_twin_with_its_decisions(
+    own_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node powered off and an engine killed on the real cluster; from the live controller's
+    own event log, `replay` writes the incident as a scenario whose twin run makes every
+    decision the real controller logged (`--check`)."""
+    seen: dict[str, Any] = {}
+    out = own_tmp / "incident.yaml"
+
+    def operator(cluster: RealCluster, now_ms: Callable[[], int]) -> None:
+        token = cluster.admin_headers["authorization"].removeprefix("Bearer ")
+        (own_tmp / "token").write_text(token)
+
+        def settled() -> bool | None:  # both faults done, and the fleet whole again
+            return True if now_ms() >= 22_000 else None
+
+        _poll(settled, "the incident to settle")
+        argv = ["replay", "--controller", cluster.controller_url, "--token-file"]
+        argv += [str(own_tmp / "token"), "-o", str(out), "--check"]
+        from llmgw_twin.cli import main
+
+        seen["code"] = main(argv)
+
+    faults = (
+        "faults:\n  - {id: kill, at: 1m, kill_node: node02}\n"
+        "  - {id: crash, at: 2m, kill_engine: {node: node04, replica_of: small}}"
+    )
+    scenario = load_scenario_text(FLEET.format(duration="4m", faults=faults), "incident.yaml")
+    real = run_real(scenario, SCALE, TOLERANCE_MS, alongside=operator)
+    assert real.left_running == [] and alive_groups(real.groups) == set()
+    printed = capsys.readouterr()
+    assert seen["code"] == 0, printed.out + printed.err
+    data = yaml.safe_load(out.read_text())
+    kinds = {(f.get("kill_node"), "kill_engine" in f) for f in data["faults"]}
+    assert ("node02", False) in kinds and any(engine for _, engine in kinds), data["faults"]
+    pinned = [e for e in data["expect"] if e.get("event") == "node.lost"]
+    assert [e["node"] for e in pinned] == ["node02"]
+    real_failed = sorted(
+        (str(e.get("model")), str(e.get("node"))) for e in real.trace if e.kind == "replica.failed"
+    )
+    replayed = sorted(
+        (e["model"], e["node"]) for e in data["expect"] if e.get("event") == "replica.failed"
+    )
+    assert real_failed == [("big", "node02"), ("small", "node04")] and replayed == real_failed

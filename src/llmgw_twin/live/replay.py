@@ -186,7 +186,8 @@ def build(log: EventLog, fleet_raw: dict[str, Any], args: argparse.Namespace) ->
     faults = infer_faults(window, before, start, end, t, fabrics, lost, fold.scales)
     cluster = _cluster(fleet_raw)
     for node, joined in added_nodes(events, t).items():
-        if joined >= start:
+        fabric = next(str(n.fabric) for n in fleet.nodes if n.node == node)
+        if joined >= start and len(cluster["fabrics"][fabric]) > 1:  # a fabric keeps one
             faults.append(_onboarded(cluster, fleet, node, joined))
     faults.sort(key=lambda f: f.at_ms)
     replay = Replay((start, end), len(window), len(start_ids))

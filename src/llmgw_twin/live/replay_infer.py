@@ -86,6 +86,13 @@ def _engines_and_gpus(
         reason = str(ev.get("reason") or "")
         rid = str(ev.get("replica"))
         if ev.kind == "replica.degraded" and (m := _HUNG.search(reason)):
+            if any(
+                later.kind == "replica.failed"
+                and later.get("replica") == rid
+                and EXIT.match(str(later.get("reason") or ""))
+                for later in window[i + 1 :]
+            ):
+                continue  # its engine had exited: the probe noticed before the exit was heard
             hung.add((m.group(1), model))
             note = f"replica {rid} not answering at {rel.text(ev.t_ms)}"
             value = {"node": m.group(1), "replica_of": model}

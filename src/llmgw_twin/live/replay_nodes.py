@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from llmgw_twin.control.model import Timings, TraceEvent
 
-EXIT = re.compile(r"^shard \d+ (exited with code \d+|went \w+) on (\S+)$")
-"""A replica's failure because a shard's engine exited or its state went down."""
+EXIT = re.compile(r"^shard \d+ (exited with code -?\d+|went \w+) on (\S+)$")
+"""A replica's failure because a shard's engine exited (a signal is a negative code, as a
+real process reports it) or its state went down."""
 _VANISHED = re.compile(r"^shard \d+ vanished from (\S+)")
 REPORT_MS = 2
 """An agent's report reaches the controller this long after what it reports."""
@@ -45,9 +46,11 @@ class Clock:
 
 def added_nodes(events: list[TraceEvent], timings: Timings) -> dict[str, int]:
     """Nodes onboarded while the controller ran: the log's first word of each is its
-    `node.joined`, a heartbeat interval or more after the controller's first start (the fleet's
-    own nodes join as it starts). Node -> when it joined."""
+    `node.joined`, a heartbeat interval or more after the controller's first start, and after
+    its first placement (the fleet's own nodes join as it starts, and on real processes, which
+    take seconds to start, before anything is placed). Node -> when it joined."""
     first = next((ev.t_ms for ev in events if ev.kind == "controller.started"), events[0].t_ms)
+    placed = next((ev.t_ms for ev in events if ev.kind == "replica.placed"), None)
     seen: set[str] = set()
     out: dict[str, int] = {}
     for ev in events:
@@ -55,7 +58,8 @@ def added_nodes(events: list[TraceEvent], timings: Timings) -> dict[str, int]:
         if not isinstance(node, str) or node in seen:
             continue
         seen.add(node)
-        if ev.kind == "node.joined" and ev.t_ms >= first + timings.heartbeat_interval_ms:
+        late = ev.t_ms >= first + timings.heartbeat_interval_ms
+        if ev.kind == "node.joined" and late and (placed is None or ev.t_ms > placed):
             out[node] = ev.t_ms
     return out
 
