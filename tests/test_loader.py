@@ -294,7 +294,8 @@ CASES = {
         (
             29,
             5,
-            "unknown key 'replica' in deployments[0] (expected one of: model, profile, replicas)",
+            "unknown key 'replica' in deployments[0] "
+            "(expected one of: model, profile, replicas, autoscale)",
         ),
     ),
     "unknown node in a fault": (
@@ -492,11 +493,12 @@ def test_error_names_line_and_column(case: str) -> None:
 def test_error_message_for_unknown_key_is_exact() -> None:
     err = error_of(mutate("    replicas: 2", "    replica: 2"))
     assert err.message == (
-        "unknown key 'replica' in deployments[0] (expected one of: model, profile, replicas)"
+        "unknown key 'replica' in deployments[0] "
+        "(expected one of: model, profile, replicas, autoscale)"
     )
     assert str(err) == (
         "s.yaml:29:5: unknown key 'replica' in deployments[0] "
-        "(expected one of: model, profile, replicas)"
+        "(expected one of: model, profile, replicas, autoscale)"
     )
 
 
