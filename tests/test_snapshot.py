@@ -290,3 +290,55 @@ def test_a_lost_node_stays_off_and_is_declared_lost_again() -> None:
     lost = _events(result, "node.lost")
     assert [(e["node"], e["t_ms"]) for e in lost] == [("node04", 60_000)]
     assert [e["replica"] for e in _events(result, "replica.failed")] == ["big-r4"]
+
+
+def test_a_snapshot_carries_the_topology_and_the_profiles_rules() -> None:
+    from llmgw_twin.service.ops.snapshot import scenario_text
+
+    def node(name: str, leaf: str, spine: str, domain: str) -> dict[str, Any]:
+        where = {"leaf": leaf, "spine": spine, "nvlink_domain": domain}
+        return {
+            "node": name,
+            "fabric": "ib-a",
+            "gpu_count": 8,
+            "gpu_memory_mib": 81920,
+            "engines": ["sim"],
+            "topology": where,
+            "state": "alive",
+        }
+
+    state = {
+        "t_ms": 1_000,
+        "nodes": [
+            node("n1", "leaf-1", "spine-1", "nvl-1"),
+            node("n2", "leaf-1", "spine-1", "nvl-1"),
+            node("n3", "leaf-2", "spine-1", "nvl-2"),
+        ],
+        "replicas": [],
+        "deployments": [{"model": "tp", "profile": "tp", "replicas": 1}],
+        "profiles": {
+            "tp": {
+                "engine": "sim",
+                "nodes": 2,
+                "gpus_per_node": 8,
+                "model": "/m/tp",
+                "topology": {"nvlink": "same_domain", "leaves": "fewest"},
+            }
+        },
+        "timings": {},
+    }
+    text = scenario_text(state, "topo", 60_000, 0, "a test")
+    data = yaml.safe_load(text)
+    assert data["cluster"]["topology"] == {
+        "leaves": {"leaf-1": ["n1", "n2"], "leaf-2": ["n3"]},
+        "spines": {"spine-1": ["leaf-1", "leaf-2"]},
+        "nvlink_domains": {"nvl-1": ["n1", "n2"], "nvl-2": ["n3"]},
+    }
+    sc = load_scenario_text(text, "topo.yaml")
+    (profile,) = sc.profiles
+    assert (profile.topology.nvlink, profile.topology.leaves) == ("same_domain", "fewest")
+    by_node = {n.node: n.topology for n in sc.nodes}
+    assert by_node["n3"] is not None and by_node["n3"].nvlink_domain == "nvl-2"
+    result = run_scenario(sc)
+    placed = [e for e in result.trace if e.kind == "replica.placed"]
+    assert [tuple(e.get("nodes") or ()) for e in placed] == [("n1", "n2")]  # one domain

@@ -241,6 +241,31 @@ def _profile(body: dict[str, Any]) -> dict[str, Any]:
         out["start_timeout"] = fmt_duration(int(body["start_timeout_ms"]))
     if body.get("args"):
         out["args"] = redact([str(a) for a in body["args"]])
+    rules = body.get("topology") or {}
+    for level in ("nvlink", "leaves"):
+        if rules.get(level, "any") != "any":
+            out[level] = rules[level]
+    return out
+
+
+def _topology(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fleet's `cluster.topology` (docs/scenarios.md) from each node's registered place:
+    leaves and the nodes under them, spines and their leaves, NVLink domains and their nodes."""
+    leaves: dict[str, list[str]] = {}
+    spines: dict[str, list[str]] = {}
+    domains: dict[str, list[str]] = {}
+    for n in nodes:
+        where = n.get("topology") or {}
+        if where.get("leaf"):
+            leaves.setdefault(where["leaf"], []).append(n["node"])
+            if where.get("spine") and where["leaf"] not in spines.get(where["spine"], []):
+                spines.setdefault(where["spine"], []).append(where["leaf"])
+        if where.get("nvlink_domain"):
+            domains.setdefault(where["nvlink_domain"], []).append(n["node"])
+    out: dict[str, Any] = {}
+    for key, levels in (("leaves", leaves), ("spines", spines), ("nvlink_domains", domains)):
+        if levels:
+            out[key] = {k: sorted(v) for k, v in sorted(levels.items())}
     return out
 
 
@@ -314,6 +339,8 @@ def scenario(state: dict[str, Any], name: str, duration_ms: int, seed: int) -> d
     if timings := _timings(state["timings"]):
         out["timings"] = timings
     out["cluster"] = {"fabrics": {f: fabrics[f] for f in sorted(fabrics)}, "nodes": settings}
+    if topology := _topology(nodes):
+        out["cluster"]["topology"] = topology
     if state["profiles"]:
         out["profiles"] = {p: _profile(b) for p, b in sorted(state["profiles"].items())}
     out["deployments"] = [
