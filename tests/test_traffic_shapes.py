@@ -295,7 +295,7 @@ def test_the_latency_report_is_the_same_across_processes_and_hash_seeds() -> Non
         )
         report = json.loads(out.stdout)
         reports.append((report["trace_sha256"], report["requests"], report["latency"]))
-    assert reports[0] == reports[1] and reports[0][2]["llama-8b"]["served"] > 2000
+    assert reports[0] == reports[1] and reports[0][2]["llama-8b"]["served"] > 500
 
 
 def test_the_html_report_shows_latency_only_when_there_is_some(tmp_path: Path) -> None:
@@ -319,6 +319,7 @@ def test_a_scaled_run_scales_the_engine_and_the_objectives_with_it() -> None:
     assert profile.args.count("--perf-model") == 1
     assert profile.args[-1].startswith("iteration_us=650,")
     first = tenth.expectations[0]
-    assert first.ttft_p99_ms == 50 and first.start_ms == 3_000  # type: ignore[union-attr]
+    assert first.ttft_p99_ms == 100 and first.start_ms == 3_000  # type: ignore[union-attr]
     result = run_scenario(tenth)
     assert result.passed, [o.message for o in result.expectations if not o.passed]
+
