@@ -323,3 +323,16 @@ def test_a_scaled_run_scales_the_engine_and_the_objectives_with_it() -> None:
     result = run_scenario(tenth)
     assert result.passed, [o.message for o in result.expectations if not o.passed]
 
+
+def test_ttft_over_time_shows_the_burst(tmp_path: Path) -> None:
+    from llmgw_twin.twin.report.html import render_html
+
+    result = run_scenario(_load(BURST, tmp_path))
+    assert result.latency is not None
+    over = result.latency["a"]["over_time"]
+    assert isinstance(over, dict) and over["span_ms"] == 1_251  # a minute and its last ms in 48
+    ttft = over["ttft_p99_ms"]
+    assert isinstance(ttft, list) and len(ttft) == 48
+    before, during = max(ttft[4:23]), max(ttft[24:33])  # the burst: 30s to 40s
+    assert during > 10 * before
+    assert 'data-figure="ttft_over_time"' in render_html(result)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.twin.report import capacity
 from llmgw_twin.twin.report.assets import LEGEND, PAGE_CSS, PAGE_JS
-from llmgw_twin.twin.report.capacity import Series
+from llmgw_twin.twin.report.capacity import BARS, Series
 from llmgw_twin.twin.report.lanes import Lane, Lanes, Mark, Seg, fault_id
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import EventExpectation, Expectation, StateExpectation
@@ -61,6 +61,17 @@ def _table(section: str, head: Iterable[str], rows: Iterable[str]) -> str:
 
 def _result(passed: bool) -> str:
     return "pass" if passed else "fail"
+
+
+def _spark(figures: dict[str, object]) -> str:
+    """The TTFT p99 of each span of the run as a bar, scaled to the highest, and that highest."""
+    over = figures.get("over_time")
+    values = over.get("ttft_p99_ms") if isinstance(over, dict) else None
+    if not isinstance(values, list) or not values:
+        return ""
+    top = max(float(v) for v in values) or 1.0
+    bars = "".join(BARS[round(float(v) * (len(BARS) - 1) / top)] for v in values)
+    return f"{bars} (highest {top:g} ms)"
 
 
 class _Page:
@@ -282,18 +293,20 @@ class _Page:
                     cells += tag("td", {"data-figure": f"{metric}.{p}"}, esc(v))
             good = figures.get("goodput_per_s", "")
             cells += tag("td", {"data-figure": "goodput_per_s"}, esc(good))
+            cells += tag("td", {"data-figure": "ttft_over_time"}, esc(_spark(figures)))
             rows.append(
                 tag("tr", {"class": "latrow", "data-model": model}, f"<td>{esc(model)}</td>{cells}")
             )
         head = (
             "model",
-            "TTFT p50",
-            "TTFT p99",
-            "e2e p50",
-            "e2e p99",
-            "queued p50",
-            "queued p99",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "e2e p50 ms",
+            "e2e p99 ms",
+            "queued p50 ms",
+            "queued p99 ms",
             "goodput /s",
+            "TTFT p99 over the run",
         )
         return _table("latency", head, rows)
 

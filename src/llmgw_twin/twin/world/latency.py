@@ -23,6 +23,8 @@ from llmgw_twin.twin.world.expect import Clock, Outcome
 from llmgw_twin.units import fmt_ms
 
 PERCENTILES = (50, 90, 99)
+BUCKETS = 48
+"""The report's TTFT and goodput over time: the run cut in this many equal spans of arrival."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,7 @@ class Latencies:
             seconds = Fraction(max(duration_ms, 1), 1000)
             out[model] = {
                 "served": len(got),
+                "over_time": _over_time(got, duration_ms, deadline_us),
                 "ttft_ms": _summary([s.ttft_us for s in got]),
                 "e2e_ms": _summary([s.e2e_us for s in got]),
                 "queued_ms": _summary([s.queued_us for s in got]),
@@ -90,6 +93,21 @@ class Latencies:
                 "ttft_deadline_ms": None if deadline_us is None else deadline_us // 1000,
             }
         return out
+
+
+def _over_time(got: list[Sample], duration_ms: int, deadline_us: int | None) -> dict[str, object]:
+    """Per span of arrival time: the TTFT p99 (ms) of the served requests that arrived in it,
+    and the goodput of that span (requests a second served within the deadline)."""
+    width = max(1, -(-(duration_ms + 1) // BUCKETS))
+    spans: list[list[int]] = [[] for _ in range(BUCKETS)]
+    for s in got:
+        spans[min(BUCKETS - 1, s.arrived_ms // width)].append(s.ttft_us)
+    good = [sum(1 for t in ttfts if deadline_us is None or t <= deadline_us) for ttfts in spans]
+    return {
+        "span_ms": width,
+        "ttft_p99_ms": [_ms(percentile(sorted(ttfts), 99)) for ttfts in spans],
+        "goodput_per_s": [round(g * 1000 / width, 3) for g in good],
+    }
 
 
 def judge_slo(
