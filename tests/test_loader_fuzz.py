@@ -40,6 +40,8 @@ from llmgw_twin.twin.scenario.model import (
     Scenario,
     SetReplicas,
 )
+from llmgw_twin.twin.scenario.workload import request_bound
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.scenario.yamlnodes import NAME_RE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,10 +173,13 @@ def assert_within_bounds(s: Scenario) -> None:
             assert 0 <= e.start_ms <= e.end_ms <= s.duration_ms
             assert e.model in {t.model for t in s.traffic}
             assert 0 <= e.failed_max <= lim.MAX_REQUESTS
+        elif isinstance(e, SloExpectation):
+            assert 0 <= e.start_ms <= e.end_ms <= s.duration_ms
+            assert e.model in {t.model for t in s.traffic}
         else:
             assert 0 <= e.at_ms <= s.duration_ms
     assert len({t.model for t in s.traffic}) == len(s.traffic)
-    assert sum(t.requests_until(s.duration_ms) for t in s.traffic) <= lim.MAX_REQUESTS
+    assert sum(request_bound(t, s.duration_ms) for t in s.traffic) <= lim.MAX_REQUESTS
     for t in s.traffic:
         assert t.count >= 1 and t.every_ms >= 1 and 1 <= t.tokens <= lim.MAX_TOKENS
         assert t.count * 1_000 <= t.every_ms * lim.MAX_RATE_PER_S
