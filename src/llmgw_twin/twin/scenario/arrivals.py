@@ -29,6 +29,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 
+from llmgw_twin.twin.scenario.limits import MAX_TOKENS
 from llmgw_twin.twin.scenario.model import Traffic
 from llmgw_twin.twin.scenario.workload_model import DEFAULT_INPUT_TOKENS, Workload
 
@@ -43,7 +44,6 @@ OUTPUT_COLUMNS = (
     "GeneratedTokens",
     "Response tokens",
 )
-MAX_TRACE_TOKENS = 10_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +136,12 @@ def _number(text: object, path: str, line: int, column: str) -> Decimal:
 
 def _tokens(text: object, path: str, line: int, column: str, minimum: int) -> int:
     value = _number(text, path, line, column)
-    if value != value.to_integral_value() or not minimum <= value <= MAX_TRACE_TOKENS:
+    if value != value.to_integral_value() or not minimum <= value <= MAX_TOKENS:
         raise TraceError(
             path,
             line,
             f"column {column}: '{str(text)[:40]}' is not a whole number of tokens from "
-            f"{minimum} to {MAX_TRACE_TOKENS:,}",
+            f"{minimum} to {MAX_TOKENS:,}",
         )
     return int(value)
 

@@ -29,6 +29,7 @@ from llmgw_twin.units import MAX_DIGITS, MAX_NAME_LEN
 __all__ = [
     "LIMITS",
     "MAX_ARGS",
+    "MAX_BURSTS",
     "MAX_COUNT",
     "MAX_DEPLOYMENTS",
     "MAX_DEPTH",
@@ -41,9 +42,11 @@ __all__ = [
     "MAX_FLEET_GPUS",
     "MAX_GPUS_PER_NODE",
     "MAX_GPU_MEMORY_MIB",
+    "MAX_LEVELS",
     "MAX_NAME_LEN",
     "MAX_NODES",
     "MAX_PROFILES",
+    "MAX_RATE_FACTOR",
     "MAX_RATE_PER_S",
     "MAX_REPLICAS",
     "MAX_REQUESTS",
@@ -96,7 +99,13 @@ MAX_REQUESTS = 1_000_000
 MAX_RATE_PER_S = 10_000
 """Requests per second of one `traffic` item."""
 MAX_TOKENS = 1_000_000
-"""A traffic item's `tokens` per request."""
+"""A traffic item's `tokens` per request (and its prompt's and answer's, drawn or in a trace)."""
+MAX_LEVELS = 1_000
+"""Levels of a traffic item's `diurnal` profile."""
+MAX_BURSTS = 100
+"""A traffic item's `bursts` (each one is looked at for every change of the rate)."""
+MAX_RATE_FACTOR = 1_000
+"""A diurnal level or a burst's factor: the rate it multiplies stays finite work."""
 MAX_DURATION_MS = 30 * 24 * 3_600_000
 """Any duration: the run, timings, load times, timeouts, outages. Times lie inside the run."""
 MAX_COUNT = 1_000_000
@@ -190,6 +199,9 @@ LIMITS: dict[str, int] = {
     "requests": MAX_REQUESTS,
     "request rate (per s)": MAX_RATE_PER_S,
     "tokens per request": MAX_TOKENS,
+    "diurnal levels": MAX_LEVELS,
+    "bursts per item": MAX_BURSTS,
+    "rate factor": MAX_RATE_FACTOR,
     "duration (ms)": MAX_DURATION_MS,
     "counts": MAX_COUNT,
     "steps": MAX_STEPS,

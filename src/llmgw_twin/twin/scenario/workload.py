@@ -24,7 +24,13 @@ from llmgw_twin.engines.perf.table import TABLE, perf_arg
 from llmgw_twin.twin.scenario import yamlnodes as yn
 from llmgw_twin.twin.scenario.arrivals import TraceError, expected_requests, read_trace
 from llmgw_twin.twin.scenario.faults import Known
-from llmgw_twin.twin.scenario.limits import MAX_REQUESTS, MAX_TOKENS
+from llmgw_twin.twin.scenario.limits import (
+    MAX_BURSTS,
+    MAX_LEVELS,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+)
+from llmgw_twin.twin.scenario.limits import MAX_RATE_FACTOR as MAX_FACTOR
 from llmgw_twin.twin.scenario.model import Traffic
 from llmgw_twin.twin.scenario.workload_model import (
     Burst,
@@ -40,9 +46,6 @@ WORKLOAD_KEYS = ("arrivals", "diurnal", "bursts", "input_tokens", "output_tokens
 PERF_KEYS = ("base", "iteration_us", "prefill_us_per_token", "decode_us_per_token")
 PERF_COUNTS = ("max_batch", "kv_tokens")
 SLO_KEYS = ("model", "ttft_p99", "e2e_p99", "ttft", "attainment")
-MAX_LEVELS = 1_000
-MAX_BURSTS = 100
-MAX_FACTOR = 1_000
 _NUMBER = re.compile(r"\d{1,12}(?:\.\d{1,9})?")
 
 
