@@ -187,13 +187,14 @@ def assert_within_bounds(s: Scenario) -> None:
     assert lim.event_steps(s) <= lim.MAX_EVENT_STEPS
 
 
-def check_load(text: str) -> Scenario | None:
-    """The property: a Scenario within bounds, or a ScenarioError placed in the file."""
+def check_load(text: str, path: str = "fuzz.yaml") -> Scenario | None:
+    """The property: a Scenario within bounds, or a ScenarioError placed in the file (`path`
+    names it, and is where a trace it replays is looked for)."""
     try:
-        s = load_scenario_text(text, "fuzz.yaml")
+        s = load_scenario_text(text, path)
     except ScenarioError as err:
         assert err.line >= 1 and err.column >= 1 and err.message
-        assert str(err) == f"fuzz.yaml:{err.line}:{err.column}: {err.message}"
+        assert str(err) == f"{path}:{err.line}:{err.column}: {err.message}"
         assert len(str(err)) < 1000  # never the offending value whole
         return None
     assert isinstance(s, Scenario)
@@ -494,8 +495,8 @@ def test_random_documents_load_within_bounds_or_fail_in_place(text: str) -> None
 
 
 def test_every_file_in_scenarios_is_within_bounds() -> None:
-    for text in TEXTS:
-        assert check_load(text) is not None
+    for path, text in zip(FILES, TEXTS, strict=True):
+        assert check_load(text, str(path)) is not None
 
 
 _ERROR_LINE = re.compile(r"error: .+\.yaml:[0-9]+:[0-9]+: .+")

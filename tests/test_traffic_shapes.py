@@ -336,3 +336,12 @@ def test_ttft_over_time_shows_the_burst(tmp_path: Path) -> None:
     before, during = max(ttft[4:23]), max(ttft[24:33])  # the burst: 30s to 40s
     assert during > 10 * before
     assert 'data-figure="ttft_over_time"' in render_html(result)
+
+
+def test_a_scaled_run_scales_a_traces_times(tmp_path: Path) -> None:
+    from llmgw_twin.twin.scenario.timescale import scale_scenario
+
+    _trace(tmp_path, "t.csv", "arrival_ms,input_tokens,output_tokens\n0,1,1\n1000,1,1\n55000,1,1\n")
+    s = _load("traffic: {model: a, trace: t.csv}\n", tmp_path)
+    tenth = scale_scenario(s, 0.1)
+    assert [a.at_ms for a in arrivals(tenth.traffic[0], tenth.duration_ms, 0)] == [0, 100, 5500]

@@ -191,9 +191,12 @@ def _rows(path: str, shown: str) -> Iterator[tuple[int, dict[str, object]]]:
         raise TraceError(shown, 1, f"not CSV: {err}") from None
 
 
-def read_trace(path: str, shown: str, end_ms: int) -> Iterator[Arrival]:
-    """Every row that arrives within [0, end_ms], checked as it is read; `TraceError` names the
-    file (as `shown`) and line of the first bad one. Stops at the first row past the end."""
+def read_trace(
+    path: str, shown: str, end_ms: int, scale: Fraction = Fraction(1)
+) -> Iterator[Arrival]:
+    """Every row that arrives within [0, end_ms] (its time multiplied by `scale`), checked as it
+    is read; `TraceError` names the file (as `shown`) and line of the first bad one. Stops at the
+    first row past the end."""
     columns: tuple[str, str, str] | None = None
     last = 0
     for line, row in _rows(path, shown):
@@ -208,7 +211,8 @@ def read_trace(path: str, shown: str, end_ms: int) -> Iterator[Arrival]:
         for col in columns:
             if col not in row:
                 raise TraceError(shown, line, f"no {col} in this row")
-        at = int(_number(row[time_col], shown, line, time_col) * TIME_COLUMNS[time_col])
+        exact = _number(row[time_col], shown, line, time_col) * TIME_COLUMNS[time_col]
+        at = int(Fraction(exact) * scale)
         if at < last:
             raise TraceError(
                 shown,
@@ -237,7 +241,7 @@ def arrivals(traffic: Traffic, end_ms: int, seed: int | str) -> Iterator[Arrival
             yield Arrival(traffic.arrival_ms(i), DEFAULT_INPUT_TOKENS, traffic.tokens)
         return
     if wl.trace is not None:
-        yield from read_trace(wl.trace.path, wl.trace.shown, end_ms)
+        yield from read_trace(wl.trace.path, wl.trace.shown, end_ms, wl.trace.scale)
         return
     times = _times(traffic, wl, end_ms, random.Random(f"{seed}/{traffic.model}/arrivals"))
     lengths = random.Random(f"{seed}/{traffic.model}/tokens")

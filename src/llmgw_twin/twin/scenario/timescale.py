@@ -140,7 +140,10 @@ def _traffic(traffic: Traffic, factor: float) -> Traffic:
     ratio = Fraction(traffic.every_ms) * Fraction(factor) / traffic.count
     ratio = max(ratio.limit_denominator(1_000_000), Fraction(1, MAX_RATE_PER_S // 1_000))
     wl = traffic.workload
-    if wl is not None and wl.trace is None:  # a trace is replayed as recorded
+    if wl is not None and wl.trace is not None:  # its rows' times scale as the run's
+        f = Fraction(factor).limit_denominator(1_000_000)
+        wl = replace(wl, trace=replace(wl.trace, scale=wl.trace.scale * f))
+    elif wl is not None:
         wl = replace(
             wl,
             diurnal=None

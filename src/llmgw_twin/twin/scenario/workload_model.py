@@ -89,6 +89,8 @@ class TraceFile:
     """As the scenario wrote it."""
     requests: int
     """Rows that arrive within the run (counted when the scenario was loaded)."""
+    scale: Fraction = Fraction(1)
+    """Every arrival time is multiplied by this (a run scaled in time scales its trace too)."""
 
 
 @dataclass(frozen=True, slots=True)

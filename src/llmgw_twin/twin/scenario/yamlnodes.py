@@ -359,7 +359,7 @@ def duration(node: Node, where: str, positive: bool = False) -> int:
     try:
         ms = units.parse_duration(written)
     except ValueError as err:
-        raise Invalid.at(node, f"{where}: {err}") from None
+        raise Invalid.at(node, _quoted_short(f"{where}: {err}")) from None
     if positive and ms == 0:
         raise Invalid.at(node, f"{where} must be longer than 0")
     if ms > MAX_DURATION_MS:
@@ -377,7 +377,7 @@ def size_mib(node: Node, where: str, maximum: int) -> int:
     try:
         mib = units.parse_size_mib(written)
     except ValueError as err:
-        raise Invalid.at(node, f"{where}: {err}") from None
+        raise Invalid.at(node, _quoted_short(f"{where}: {err}")) from None
     if mib > maximum:
         raise Invalid.at(
             node, f"{where}: '{written}' is more than {maximum:,}MiB (the most allowed)"
