@@ -191,11 +191,14 @@ class TrafficRouter:
         passes (then it fails as one with no replica would)."""
         held = self._held.setdefault(traffic.model, [])
         held.append((traffic, req, self.world.now + self.timeouts.first_byte_ms))
-        if len(held) == 1:
+        if len(held) == 1:  # one poll per model while any is held
             self.world.later(HOLD_POLL_MS, lambda: self._release(traffic.model))
 
     def _release(self, model: ModelName) -> None:
-        held, self._held[model] = self._held.get(model, []), []
+        """The held requests go once the model has a routable replica (tried as any request
+        is: one the router then cannot pick fails, it is not held again), or fail at their
+        deadline; the rest wait for the next poll."""
+        held, waiting = self._held.pop(model, []), []
         now = self.world.now
         routable = bool(self.router.routes(model))
         for traffic, req, deadline in held:
@@ -206,8 +209,9 @@ class TrafficRouter:
                 counts.failed_at.append(req.at_ms)
                 counts.no_replica += 1
             else:
-                self._held[model].append((traffic, req, deadline))
-        if self._held[model]:
+                waiting.append((traffic, req, deadline))
+        if waiting:
+            self._held[model] = waiting
             self.world.later(HOLD_POLL_MS, lambda: self._release(model))
 
     def _request(self, traffic: Traffic, req: Arrival) -> None:
@@ -223,7 +227,12 @@ class TrafficRouter:
         exclude = () if first is None else (first,)
         route = self.router.pick(traffic.model, now, exclude)
         if route is None:
-            if first is None and not died and traffic.model in self._zero_models:
+            if (
+                first is None
+                and not died
+                and traffic.model in self._zero_models
+                and not self.router.routes(traffic.model)
+            ):
                 self._hold(traffic, req)  # scaled to zero: wait for a replica to load
                 return
             counts.failed_at.append(req.at_ms)
