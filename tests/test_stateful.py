@@ -968,6 +968,34 @@ def test_a_replica_adopted_ready_is_not_routed_to_a_suspect_leader() -> None:
     )
 
 
+def test_room_held_on_a_node_that_comes_back_smaller_is_let_go() -> None:
+    """The search's own example: a defragmentation holds GPU 2 of node_3 for a replica of a
+    profile grown to 3 GPUs a node; node_3 registers again with 2 GPUs. The capacity index
+    dropped the booking with the GPU, the held room did not: the books disagreed. The plan is
+    now void and its room let go, as when one of its moves breaks."""
+    replay(
+        Fleet(
+            (
+                ("node_0", "ib-a", 4),
+                ("node_1", "ib-b", 4),
+                ("node_2", "ib-b", 4),
+                ("node_3", "ib-a", 4),
+                ("node_4", "ib-b", 4),
+                ("node_5", "ib-a", 4),
+            ),
+            (("p1", 2, 2, 0),),
+            (("m", "p1", 1), ("n", "p1", 3)),
+        ),
+        "books_balance: node_3 has GPUs",
+        lambda m: m.scale(model="m", profile="p1", replicas=0),
+        lambda m: m.settle(rounds=4),
+        lambda m: m.boot(facts="same", name="node_5"),
+        lambda m: m.edit_profile(change="gpus", profile="p1"),
+        lambda m: m.tick(dt=1000, lose=None),  # the plan holds room on node_0 and node_3
+        lambda m: m.register_again(facts="fewer_gpus", name="node_3"),
+    )
+
+
 # --- the model has teeth: bugs planted on purpose are found -------------------------------------
 
 PLANTED = settings(SEARCH, max_examples=300, phases=[Phase.generate])

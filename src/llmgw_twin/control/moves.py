@@ -133,6 +133,17 @@ class Moves:
         self._held[node] = gpus
         self._capacity.book(node, gpus)
 
+    def refit(self, node: NodeId, gpus: int, fabric_changed: bool) -> bool:
+        """`node` registered again with other facts: room held on it that is no longer there (a
+        GPU past its new count, or the node in another fabric) voids the defragmentation's
+        plan, as a broken move does; whether room was freed. Called before the node is
+        re-indexed, while the capacity still books what is held."""
+        held = self._held.get(node)
+        if held is None or not (fabric_changed or any(g >= gpus for g in held)):
+            return False
+        self._broken = True
+        return self._release()
+
     def making_room_for(self, rid: ReplicaId) -> bool:
         """Moves under way make room for this pending replica (its room is held meanwhile)."""
         return rid == self._target

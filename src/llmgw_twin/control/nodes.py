@@ -112,7 +112,10 @@ class NodeRegistry:
     def refit(self, known: NodeInfo, info: NodeInfo) -> None:
         """A node registered again with other facts: a replica it no longer fits (another
         fabric, GPUs it lost, an engine it no longer has) is failed before the node is
-        re-indexed, so no replica spans two fabrics or holds GPUs that are not there."""
+        re-indexed, so no replica spans two fabrics or holds GPUs that are not there; room a
+        defragmentation held there that is gone voids its plan."""
+        if self.life.moves.refit(info.node, info.gpus, info.fabric != known.fabric):
+            self.life.placement_may_fit()
         for rid in self.assignments.replicas_on(info.node):
             rec = self.replicas[rid]
             mine = [s for s in rec.specs if s.node == info.node]
