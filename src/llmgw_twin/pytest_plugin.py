@@ -42,6 +42,7 @@ from llmgw_twin.twin.scenario.model import (
     Scenario,
     StateExpectation,
 )
+from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.world.expect import matches
 from llmgw_twin.twin.world.runner import RunResult, UnsupportedScenario, run_scenario
 from llmgw_twin.units import fmt_ms
@@ -255,7 +256,7 @@ def explain(result: RunResult, wall_ms: int, replay: str) -> str:
                 marked = {i for i, ev in enumerate(trace) if matches(ev, exp)}
             case StateExpectation():
                 start, end, marked = exp.at_ms, exp.at_ms, set()
-            case RequestsExpectation():
+            case RequestsExpectation() | SloExpectation():
                 start, end, marked = exp.start_ms, exp.end_ms, set()
             case _:
                 assert_never(exp)
