@@ -252,13 +252,20 @@ def test_an_incident_on_a_real_cluster_replays_in_the_twin_with_its_decisions(
     def operator(cluster: RealCluster, now_ms: Callable[[], int]) -> None:
         token = cluster.admin_headers["authorization"].removeprefix("Bearer ")
         (own_tmp / "token").write_text(token)
+        # the window opens once every replica serves, before the incident (at 6 s): the
+        # deployments' first placement waits on the agents' start-up, which the log does not
+        # show, so a window from the log's start would time it from the controller's start
+        _poll(lambda: _all_ready(cluster), "four ready replicas")
+        r = httpx.get(f"{cluster.controller_url}/v1/admin/events", headers=cluster.admin_headers)
+        opened = max(ev["t_ms"] for ev in r.json()["events"]) + 1
+        seen["opened_at"] = now_ms()
 
         def settled() -> bool | None:  # both faults done, and the fleet whole again
             return True if now_ms() >= 22_000 else None
 
         _poll(settled, "the incident to settle")
         argv = ["replay", "--controller", cluster.controller_url, "--token-file"]
-        argv += [str(own_tmp / "token"), "-o", str(out), "--check"]
+        argv += [str(own_tmp / "token"), "-o", str(out), "--check", "--from", str(opened)]
         from llmgw_twin.cli import main
 
         seen["code"] = main(argv)
@@ -271,6 +278,7 @@ def test_an_incident_on_a_real_cluster_replays_in_the_twin_with_its_decisions(
     real = run_real(scenario, SCALE, TOLERANCE_MS, alongside=operator)
     assert real.left_running == [] and alive_groups(real.groups) == set()
     printed = capsys.readouterr()
+    assert seen["opened_at"] < 6_000, "the cluster took too long to be ready"
     assert seen["code"] == 0, printed.out + printed.err
     data = yaml.safe_load(out.read_text())
     kinds = {(f.get("kill_node"), "kill_engine" in f) for f in data["faults"]}

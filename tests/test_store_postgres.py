@@ -90,7 +90,9 @@ def test_the_event_log_numbers_on_across_a_change_of_leader(url: str) -> None:
 
 
 def test_a_standby_service_takes_over_on_postgres(url: str) -> None:
-    lease = replace(FAST, lease_ms=900)
+    # long enough that a leader renewing every fifth of it keeps it on a starved machine (two
+    # test workers and a build beside them): the standby must wait, then take over
+    lease = replace(FAST, lease_ms=4_000)
     deaths: list[str] = []
 
     def runtime(name: str) -> ControllerRuntime:
