@@ -195,7 +195,9 @@ def test_a_failed_commit_stops_the_controller_before_anything_is_sent(tmp_path: 
         await runtime.stop()
 
     asyncio.run(go())
-    assert len(fatal) == 1 and "disk full" in fatal[0]
+    # the real fatal ends the process at the first; here a reconcile that committed while the
+    # store was broken (a slow machine stretches that moment) is a second, for the same cause
+    assert fatal and all("disk full" in m for m in fatal)
 
 
 def test_a_controller_told_not_before_opens_its_store_and_serves_only_from_then(
