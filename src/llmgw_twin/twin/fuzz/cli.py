@@ -24,6 +24,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -92,7 +93,11 @@ def run_local(seeds: range, jobs: int | None) -> Iterator[list[SeedResult]]:
             yield done.result()
 
 
-def run_ray(seeds: range, address: str) -> Iterator[list[SeedResult]]:
+@contextmanager
+def ray_session(address: str) -> Iterator[Any]:
+    """The `ray` module, connected for the block to the cluster at `address` (`local`: one
+    started here, ended after); a connection this process already had is used and kept.
+    A missing package or a refused address is a `RuntimeError` in one line."""
     try:
         import ray
     except ImportError:
@@ -111,7 +116,15 @@ def run_ray(seeds: range, address: str) -> Iterator[list[SeedResult]]:
         except (ConnectionError, ValueError) as e:
             raise RuntimeError(f"--ray {address}: {e}") from None
     try:
-        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        yield ray
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def run_ray(seeds: range, address: str) -> Iterator[list[SeedResult]]:
+    with ray_session(address) as ray:
+        resources: dict[str, float] = ray.cluster_resources()
         cpus = max(1, int(resources.get("CPU", 1)))
         task = ray.remote(check_batch)
         pending: list[Any] = [task.remote(b) for b in batches(seeds, cpus)]
@@ -120,9 +133,6 @@ def run_ray(seeds: range, address: str) -> Iterator[list[SeedResult]]:
             for ref in done:
                 result: list[SeedResult] = ray.get(ref)
                 yield result
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 PLAIN_EVERY_S = 10.0

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from llmgw_twin.twin.fuzz.cli import ray_session
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
 from llmgw_twin.twin.sweep.grid import GridError, Point, label, parse_axis, points, scenario_text
 from llmgw_twin.twin.sweep.measure import METRICS, Measure, figures, measure
@@ -130,28 +130,9 @@ def _run(
 
 
 def _run_ray(jobs: list[tuple[int, int, str, str]], address: str) -> dict[tuple[int, int], Measure]:
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("--ray needs the ray package: pip install 'llmgw-twin[dev]'") from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        try:
-            ray.init(
-                address=None if address == "local" else address,
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level=logging.ERROR,
-            )
-        except (ConnectionError, ValueError) as e:
-            raise RuntimeError(f"--ray {address}: {e}") from None
-    try:
+    with ray_session(address) as ray:
         task = ray.remote(run_one)
-        refs = [task.remote(text, path, seed) for _, seed, text, path in jobs]
-        results = ray.get(refs)
-    finally:
-        if started_here:
-            ray.shutdown()
+        results = ray.get([task.remote(text, path, seed) for _, seed, text, path in jobs])
     return {(i, seed): m for (i, seed, _, _), m in zip(jobs, results, strict=True)}
 
 
