@@ -2,7 +2,7 @@
 and `deployment delete` print what `what-if` predicts the change does to the live fleet, and
 change nothing.
 
-Role: each class here is the `ctl` command of `service/ops/ctl_fleet.py` with `--dry-run`,
+Role: each command here is the `ctl` command of `service/ops/ctl_fleet.py` with `--dry-run`,
 `--seeds` and `--watch` added; the command table (`commands.py`) points at these, so the ops
 layer keeps no knowledge of the twin. Without `--dry-run` the command is exactly the ops one.
 A dry run snapshots the live controller (`--controller`, the same credential) and runs
@@ -12,6 +12,8 @@ A dry run snapshots the live controller (`--controller`, the same credential) an
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from llmgw_twin.live import whatif
 from llmgw_twin.live.whatif_actions import Action
@@ -51,58 +53,37 @@ def _rehearse(args: argparse.Namespace, actions: list[Action]) -> int:
     return whatif.main(plan)
 
 
-class Drain(ctl_fleet.Drain):
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        ctl_fleet.Drain.add_arguments(parser)
+class _DryRun:
+    """The ops command `command` (its `add_arguments` and `main`) with `--dry-run`, which
+    rehearses the `actions` its arguments name instead of calling the controller."""
+
+    def __init__(self, command: Any, actions: Callable[[argparse.Namespace], list[Action]]) -> None:
+        self.command = command
+        self.actions = actions
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        self.command.add_arguments(parser)
         _dry_run_arguments(parser)
 
-    @staticmethod
-    def main(args: argparse.Namespace) -> int:
+    def main(self, args: argparse.Namespace) -> int:
         if args.dry_run:
-            return _rehearse(args, [Action("drain", args.node)])
-        return ctl_fleet.Drain.main(args)
+            return _rehearse(args, self.actions(args))
+        result: int = self.command.main(args)
+        return result
 
 
-class Cordon(ctl_fleet.Cordon):
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        super().add_arguments(parser)
-        _dry_run_arguments(parser)
-
-    @classmethod
-    def main(cls, args: argparse.Namespace) -> int:
-        if args.dry_run:
-            return _rehearse(args, [Action("cordon", args.node)])
-        return super().main(args)
+def _set_actions(args: argparse.Namespace) -> list[Action]:
+    actions = []
+    if args.profile is not None:
+        actions.append(Action("set-profile", args.model, args.profile))
+    if args.replicas is not None:
+        actions.append(Action("scale", args.model, str(args.replicas)))
+    return actions
 
 
-class SetDeployment(ctl_fleet.SetDeployment):
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        ctl_fleet.SetDeployment.add_arguments(parser)
-        _dry_run_arguments(parser)
-
-    @staticmethod
-    def main(args: argparse.Namespace) -> int:
-        if not args.dry_run:
-            return ctl_fleet.SetDeployment.main(args)
-        actions = []
-        if args.profile is not None:
-            actions.append(Action("set-profile", args.model, args.profile))
-        if args.replicas is not None:
-            actions.append(Action("scale", args.model, str(args.replicas)))
-        return _rehearse(args, actions)
-
-
-class DeleteDeployment(ctl_fleet.DeleteDeployment):
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        super().add_arguments(parser)
-        _dry_run_arguments(parser)
-
-    @classmethod
-    def main(cls, args: argparse.Namespace) -> int:
-        if args.dry_run:
-            return _rehearse(args, [Action("scale", args.model, "0")])
-        return super().main(args)
+Drain = _DryRun(ctl_fleet.Drain, lambda args: [Action("drain", args.node)])
+Cordon = _DryRun(ctl_fleet.Cordon, lambda args: [Action("cordon", args.node)])
+SetDeployment = _DryRun(ctl_fleet.SetDeployment, _set_actions)
+DeleteDeployment = _DryRun(
+    ctl_fleet.DeleteDeployment, lambda args: [Action("scale", args.model, "0")]
+)
