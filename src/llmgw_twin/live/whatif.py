@@ -147,8 +147,7 @@ def prepare(args: argparse.Namespace) -> tuple[Scenario, int, str]:
     at_ms, watch_ms = parse_duration(str(args.at)), parse_duration(str(args.watch))
     if watch_ms <= 0:
         raise WhatIfError("--watch must be more than 0")
-    data, source = _fleet(args)
-    base = load_scenario_text(yaml.safe_dump(data, sort_keys=False), source)
+    data, source, base = _fleet(args)
     check(actions, base)
     end_ms = at_ms + watch_ms
     data = dict(data)
@@ -167,12 +166,12 @@ def prepare(args: argparse.Namespace) -> tuple[Scenario, int, str]:
     return load_scenario_text(text, f"what-if of {source}"), at_ms, text
 
 
-def _fleet(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The fleet as scenario data, and where it came from."""
+def _fleet(args: argparse.Namespace) -> tuple[dict[str, Any], str, Scenario]:
+    """The fleet as scenario data, where it came from, and as the loader checked it."""
     if args.snapshot is not None:
-        load_scenario(args.snapshot)  # refused with its own file, line and column
+        base = load_scenario(args.snapshot)  # refused with its own file, line and column
         data = yaml.safe_load(args.snapshot.read_text(encoding="utf-8"))
-        return data, str(args.snapshot)
+        return data, str(args.snapshot), base
     from llmgw_twin.service.ops.snapshot import SnapshotError, fetch_state, scenario
 
     try:
@@ -180,9 +179,11 @@ def _fleet(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     except SnapshotError as e:
         raise WhatIfError(str(e)) from None
     try:
-        return scenario(state, "what-if", 600_000, 0), str(args.controller)
+        data = scenario(state, "what-if", 600_000, 0)
     except (KeyError, TypeError, AttributeError) as e:
         raise WhatIfError(f"the controller's state is not as expected ({e!r})") from None
+    source = str(args.controller)
+    return data, source, load_scenario_text(yaml.safe_dump(data, sort_keys=False), source)
 
 
 def _traffic(given: Any, rates: list[str], models: set[str]) -> list[dict[str, Any]]:
