@@ -134,24 +134,28 @@ def shortfall(serve: Series, want: Series, start_ms: int, end_ms: int, model: st
     return Shortfall(model, least or 0, least_at, wanted_then, short)
 
 
+def _any_short(
+    serve: dict[str, Series], want: dict[str, Series], start_ms: int, end_ms: int
+) -> list[tuple[int, bool]]:
+    """At `start_ms` and at each change within `[start_ms, end_ms]`: whether some model then
+    serves fewer replicas than it wants (it stays so until the next entry)."""
+    changes = {t for s in (*serve.values(), *want.values()) for t, _ in s}
+    times = sorted({start_ms, *(t for t in changes if start_ms < t <= end_ms)})
+    return [
+        (t, any(at(serve.get(m, [(0, 0)]), t) < at(w, t) for m, w in want.items())) for t in times
+    ]
+
+
 def whole_again(
     serve: dict[str, Series], want: dict[str, Series], start_ms: int, end_ms: int
 ) -> int | None:
     """The first time at or after `start_ms` from which every model serves at least what it
     wants until `end_ms`; None when some model is short at the end."""
-    times = sorted(
-        {start_ms, *(t for s in (*serve.values(), *want.values()) for t, _ in s if t > start_ms)}
-    )
-    last_short: int | None = None
-    for t in times:
-        if t > end_ms:
-            break
-        if any(at(serve.get(m, [(0, 0)]), t) < at(w, t) for m, w in want.items()):
-            last_short = t
-    if last_short is None:
+    steps = _any_short(serve, want, start_ms, end_ms)
+    short = [i for i, (_, is_short) in enumerate(steps) if is_short]
+    if not short:
         return start_ms
-    later = [t for t in times if t > last_short and t <= end_ms]
-    return later[0] if later else None
+    return steps[short[-1] + 1][0] if short[-1] + 1 < len(steps) else None
 
 
 def longest_short(
@@ -159,11 +163,8 @@ def longest_short(
 ) -> int:
     """The longest span within `[start_ms, end_ms]` in which some model served fewer replicas
     than it wanted (a span still open at `end_ms` counts to it); 0 when none was short."""
-    times = sorted({start_ms, *(t for s in (*serve.values(), *want.values()) for t, _ in s)})
-    times = [t for t in times if start_ms <= t <= end_ms]
     longest, began = 0, None
-    for t in times:
-        short = any(at(serve.get(m, [(0, 0)]), t) < at(w, t) for m, w in want.items())
+    for t, short in _any_short(serve, want, start_ms, end_ms):
         if short and began is None:
             began = t
         elif not short and began is not None:
