@@ -3,9 +3,12 @@
     .venv/bin/python benchmarks/core_steps.py [--nodes 1000 10000] [--runs 3]
 
 The core alone (no event loop, no store): a fleet of N nodes of 8 GPUs in fabrics of 100, and
-one model whose profile takes one GPU of one node. Each operation is one call the controller's
-event loop makes (`handle` of the operator's action, then the `tick` that acts on it), timed
-with `time.perf_counter` over `--runs` fresh fleets; the figure is min / median / max in ms.
+one model whose profile takes one GPU of one node. Each operation is the operator's action
+(`handle`) and the reconciles that carry it out: the first `tick`, then each one the core asks
+for at once (`Step.wake_at_ms` the same instant: a large operation cut into slices,
+`control/slices.py`; the event loop is served between two). Timed with `time.perf_counter` over
+`--runs` fresh fleets: the longest single call (what the event loop waits for at worst) and the
+whole operation, each min / median / max in ms, and the number of calls.
 
 - place N: a deployment of N replicas applied to an empty fleet, and the tick that places them.
 - scale N -> 1: the same deployment, every replica ready, scaled back to one.
@@ -18,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.model import (
@@ -62,7 +66,8 @@ def fleet(nodes: int, replicas: int) -> tuple[Controller, int]:
 
 def ready(ctl: Controller, now: int) -> int:
     """Place what is pending and bring every assigned shard up; returns the time after."""
-    ctl.tick(now)
+    while ctl.tick(now).wake_at_ms == now:
+        pass
     now += 1
     for n in ctl.nodes():
         shards = tuple(
@@ -70,42 +75,55 @@ def ready(ctl: Controller, now: int) -> int:
             for i, s in enumerate(ctl.assigned(n))
         )
         ctl.handle(Heartbeat(n, shards), now)
-    ctl.tick(now + 1)
+    while ctl.tick(now + 1).wake_at_ms == now + 1:
+        pass
     return now + 2
 
 
-def timed(op: Callable[[], object]) -> float:
+@dataclass(frozen=True)
+class Timed:
+    longest_ms: float
+    """The longest single call."""
+    total_ms: float
+    calls: int
+
+
+def timed(ctl: Controller, now: int, action: Callable[[], object]) -> Timed:
+    """`action`, then the tick at `now` and every tick the core asks for at the same instant."""
+    calls: list[float] = []
     t0 = time.perf_counter()
-    op()
-    return (time.perf_counter() - t0) * 1000
+    action()
+    while True:
+        step = ctl.tick(now)
+        calls.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        if step.wake_at_ms != now:
+            break
+    return Timed(max(calls) * 1000, sum(calls) * 1000, len(calls))
 
 
-def place(nodes: int) -> float:
+def place(nodes: int) -> Timed:
     ctl, now = fleet(nodes, nodes)
-    return timed(lambda: ctl.tick(now))
+    return timed(ctl, now, lambda: None)
 
 
-def scale_down(nodes: int) -> float:
+def scale_down(nodes: int) -> Timed:
+    ctl, now = fleet(nodes, nodes)
+    now = ready(ctl, now)
+    return timed(
+        ctl, now, lambda: ctl.handle(ApplyDeployment(Deployment(MODEL, PROFILE.name, 1)), now)
+    )
+
+
+def drain_fabric(nodes: int) -> Timed:
     ctl, now = fleet(nodes, nodes)
     now = ready(ctl, now)
 
-    def op() -> None:
-        ctl.handle(ApplyDeployment(Deployment(MODEL, PROFILE.name, 1)), now)
-        ctl.tick(now)
-
-    return timed(op)
-
-
-def drain_fabric(nodes: int) -> float:
-    ctl, now = fleet(nodes, nodes)
-    now = ready(ctl, now)
-
-    def op() -> None:
+    def action() -> None:
         for i in range(FABRIC_SIZE):
             ctl.handle(Drain(NodeId(f"n{i:05d}")), now)
-        ctl.tick(now)
 
-    return timed(op)
+    return timed(ctl, now, action)
 
 
 OPERATIONS = {"place N": place, "scale N -> 1": scale_down, "drain a fabric": drain_fabric}
@@ -116,16 +134,22 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    print("| operation | nodes | step ms (min / median / max) |")
-    print("| --- | --- | --- |")
+    print("| operation | nodes | longest call ms | whole operation ms | calls |")
+    print("| --- | --- | --- | --- | --- |")
     for name, op in OPERATIONS.items():
         for n in args.nodes:
             runs = [op(n) for _ in range(args.runs)]
+            calls = sorted({r.calls for r in runs})
             print(
-                f"| {name} | {n:,} | {min(runs):.1f} / {statistics.median(runs):.1f} / "
-                f"{max(runs):.1f} |",
+                f"| {name} | {n:,} | {spread([r.longest_ms for r in runs])} | "
+                f"{spread([r.total_ms for r in runs])} | {'-'.join(map(str, calls))} |",
                 flush=True,
             )
+
+
+def spread(ms: list[float]) -> str:
+    """min / median / max"""
+    return f"{min(ms):.1f} / {statistics.median(ms):.1f} / {max(ms):.1f}"
 
 
 if __name__ == "__main__":

@@ -356,6 +356,8 @@ class Controller(ControllerViews):
         """One reconcile pass over what changed since the last one."""
         self._out.now_ms = now_ms
         self._quiet_until_ms = None
+        slices = self._life.slices
+        slices.begin()
         wait = self._first.wait_until(now_ms, self._fleet.heard_nodes)
         if wait is not None:  # the agents asked at the start may still answer: judge nothing
             return self._out.flush((), wake_at_ms=min(wait, self._next_due(now_ms)))
@@ -393,13 +395,15 @@ class Controller(ControllerViews):
         for model in sorted(self._replicas.dirty_models):
             self._life.reconcile_deployment(model)
         self._replicas.dirty_models.clear()
+        self._replicas.dirty_models.update(slices.again)  # cut: the rest at the next reconcile
+        slices.again.clear()
         self._drain.run()
         self._rollout.run()
         if self._life.place_if_due():
             self._defrag.wake()
         self._defrag.settle()
-        if self._replicas.pending:
-            self._defrag.run()
+        if self._replicas.pending and not slices.in_round():
+            self._defrag.run()  # (after a whole round: a replica not yet tried is not stuck)
         commands: list[ControllerCommand] = []
         for node in self._assignments.take_dirty():
             if self._fleet.health.state(node) in (NodeState.ALIVE, NodeState.SUSPECT):
@@ -415,6 +419,8 @@ class Controller(ControllerViews):
         anything is under way, else the first of the grid at or after the earliest deadline
         (`control/wake.py`). Each deadline is one a reconcile before it would not act on."""
         due = self._next_due(now_ms)
+        if self._life.slices.more:
+            return now_ms  # a large operation goes on at once, the runtime served in between
         fleet, written = self._fleet, self._clock_written_ms
         busy = underway(
             self._replicas,

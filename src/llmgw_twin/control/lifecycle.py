@@ -18,7 +18,6 @@ has a shard on a node turned suspect, and rejoins it when whole and heard again.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 
 from llmgw_twin.control.durable import (
@@ -46,6 +45,7 @@ from llmgw_twin.control.passes import plan_pass
 from llmgw_twin.control.placement import Placement
 from llmgw_twin.control.protocol import RequestReport
 from llmgw_twin.control.replicas import ReplicaRecord
+from llmgw_twin.control.slices import Slices
 from llmgw_twin.control.surplus import retire_order
 from llmgw_twin.control.timers import Timers
 
@@ -79,6 +79,8 @@ class Lifecycle:
         """Something changed that may let a pending replica fit (capacity or a new replica)."""
         self.timers = Timers(books, self.fail, self.placement_may_fit)
         """Start deadlines, degraded graces and back-offs, as data; and what each does when due."""
+        self.slices = Slices()
+        """What one reconcile may create, retire and place (`control/slices.py`)."""
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self.replicas[rid]
@@ -223,24 +225,37 @@ class Lifecycle:
             r for r in self.replicas.live(model) if self.counts(r) and not self.moves.is_copy(r.id)
         ]
         while len(counted) < want and dep is not None:
+            if not self.slices.may_create(model):
+                return
             counted.append(self.new_replica(dep))
         surplus = len(counted) - want
         if surplus <= 0:
+            self.slices.retiring.pop(model, None)
             return
-        # retire the least useful one at a time (the order: `surplus.retire_order`)
-        order = retire_order(
-            counted,
-            lambda r: (
-                all(self.node_ok(n) for n in r.nodes),
-                r.placed,
-                r.state is ReplicaState.READY,
-                not self.outdated(r),
-                not any(self.draining(n) for n in r.nodes),
-            ),
-            self.replicas.per_fabric(model),
-        )
-        for victim in itertools.islice(order, surplus):
-            self.reap(victim, "scaled down", scaled_down=True)
+        take = self.slices.retirable(model, surplus)
+        # retire the least useful one at a time (the order: `surplus.retire_order`); a cut
+        # scale-down goes on in the order judged when it started
+        planned = self.slices.retiring.pop(model, None)
+        order = planned[1] if planned is not None and planned[0] == want else None
+        if order is None:
+            order = retire_order(
+                counted,
+                lambda r: (
+                    all(self.node_ok(n) for n in r.nodes),
+                    r.placed,
+                    r.state is ReplicaState.READY,
+                    not self.outdated(r),
+                    not any(self.draining(n) for n in r.nodes),
+                ),
+                self.replicas.per_fabric(model),
+            )
+        if take < surplus:
+            self.slices.retiring[model] = (want, order)
+        still = {r.id for r in counted}
+        while take > 0 and (victim := next(order, None)) is not None:
+            if victim.id in still and victim.state.live:
+                self.reap(victim, "scaled down", scaled_down=True)
+                take -= 1
 
     def outdated(self, rec: ReplicaRecord) -> bool:
         """`rec` runs another profile than its deployment names now (`rollout.Rollout` replaces
@@ -274,22 +289,35 @@ class Lifecycle:
 
     def place_if_due(self) -> bool:
         """Place the pending set if something changed since the last reconcile that may let a
-        replica fit; returns whether it was tried. The reason is spent either way."""
-        tried = bool(self.replicas.pending) and self._placement_due
-        if tried:
-            self.place_pending()
-        self._placement_due = False
-        return tried
+        replica fit, or go on with a round of slices; returns whether it was tried. A reason is
+        spent when a round starts (one given during a round starts another after it)."""
+        slices = self.slices
+        if not (self.replicas.pending and (self._placement_due or slices.in_round())):
+            slices.tried.clear()
+            self._placement_due = False
+            return False
+        if not slices.in_round():
+            self._placement_due = False
+        self.place_pending()
+        return True
 
     def place_pending(self) -> None:
-        """Place the whole pending set at once (`passes.plan_pass`): the largest replicas first,
-        each where it leaves the most room for the rest; model names only break the last ties."""
+        """Place the pending set at once (`passes.plan_pass`): the largest replicas first, each
+        where it leaves the most room for the rest; model names only break the last ties. A set
+        larger than a slice goes a slice a reconcile (`control/slices.py`)."""
         now = self.out.now_ms
+        tried = self.slices.tried
         todo = [
-            r for rid in self.replicas.pending if (r := self.replicas[rid]).not_before_ms <= now
+            r
+            for rid in self.replicas.pending
+            if (r := self.replicas[rid]).not_before_ms <= now and rid not in tried
         ]
         self.capacity.stability.advance(now)
-        for rec, result in plan_pass(self.capacity, todo, self.replicas, self.failures.excluded):
+        limit = self.slices.placing(len(todo))
+        plan = plan_pass(self.capacity, todo, self.replicas, self.failures.excluded, limit)
+        if limit is not None:
+            tried.update(rec.id for rec, _ in plan)
+        for rec, result in plan:
             if isinstance(result, Placement):
                 self.bind(rec, result)
             elif result.reason != rec.unplaceable_reason and not self.moves.making_room_for(rec.id):

@@ -63,10 +63,11 @@ def plan_pass(
     todo: Sequence[ReplicaRecord],
     replicas: ReplicaTable,
     excluded: Callable[[ProfileName], frozenset[NodeId]],
+    limit: int | None = None,
 ) -> list[tuple[ReplicaRecord, Result]]:
-    """The chosen plan: each pending replica with where it goes, or why it cannot."""
+    """The chosen plan: each pending replica with where it goes, or why it cannot; with a
+    `limit`, only the first `limit` of `todo` in the first order are planned."""
     best: tuple[tuple[int, ...], list[tuple[ReplicaRecord, Result]]] | None = None
-    orders = ORDERS if len(todo) <= REPAIR_LIMIT else ORDERS[:1]
     ranks: dict[ReplicaId, int] = {}
     turns: dict[ModelName, int] = {}
     for rec in sorted(todo, key=lambda r: (r.model, r.seq)):
@@ -75,6 +76,10 @@ def plan_pass(
             turn = sum(replicas.per_fabric(rec.model).values())
         ranks[rec.id] = turn
         turns[rec.model] = turn + 1
+    if limit is not None and len(todo) > limit:
+        first = ORDERS[0]
+        todo = sorted(todo, key=lambda r: first(r, ranks[r.id]))[:limit]
+    orders = ORDERS if len(todo) <= REPAIR_LIMIT else ORDERS[:1]
     for tried, order in enumerate(orders):
         ordered = sorted(todo, key=lambda r, order=order: order(r, ranks[r.id]))  # type: ignore[misc]
         plan = _dry_run(capacity, ordered, replicas, excluded)

@@ -287,6 +287,9 @@ class ControllerRuntime(AdminCalls, ReadCalls):
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
+            # served between two reconciles, also when the core asked for the next at once (the
+            # slices of a large operation, `control/slices.py`)
+            await asyncio.sleep(0)
             await self.lag.catch_up()  # a late tick judges no silence the core has not excused
             async with self._lock:
                 self._wake_at = None
