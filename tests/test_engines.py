@@ -94,7 +94,7 @@ SGLANG_HEAD = (
 
 def test_sglang_one_node() -> None:
     assert launch("sglang", 0, 1).argv == (
-        *SGLANG_HEAD, "--tp-size", "2", "--host", ANY, "--port", "8004",
+        *SGLANG_HEAD, "--tp-size", "2", "--enable-metrics", "--host", ANY, "--port", "8004",
     )  # fmt: skip
 
 
@@ -104,7 +104,8 @@ def test_sglang_multi_node_leader_and_worker(n: int) -> None:
     tp = ("--tp-size", str(2 * n), "--nnodes", str(n))
     rdv = ("--dist-init-addr", "10.0.0.1:29504")
     assert launch("sglang", 0, n).argv == (
-        *SGLANG_HEAD, *tp, "--node-rank", "0", *rdv, "--host", ANY, "--port", "8004",
+        *SGLANG_HEAD, *tp, "--node-rank", "0", *rdv, "--enable-metrics",
+        "--host", ANY, "--port", "8004",
     )  # fmt: skip
     assert launch("sglang", n - 1, n).argv == (
         *SGLANG_HEAD, *tp, "--node-rank", str(n - 1), *rdv,
@@ -115,7 +116,7 @@ def test_sglang_multi_node_leader_and_worker(n: int) -> None:
 
 LLAMA_HEAD = (
     "llama-server", "--model", "/models/qwen-7b", "--alias", "qwen-7b",
-    "--n-gpu-layers", "999", "--host", ANY, "--port", "8004",
+    "--n-gpu-layers", "999", "--host", ANY, "--port", "8004", "--metrics",
 )  # fmt: skip
 
 

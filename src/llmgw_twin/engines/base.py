@@ -10,7 +10,10 @@ Invariants every adapter keeps:
 - the shard's GPUs reach the engine as `CUDA_VISIBLE_DEVICES`, in the order the spec lists them;
 - the profile's extra flags (`spec.args`) come last, unchanged, so an operator can override;
 - each adapter can say which programs it runs (`programs`) and build the widest command the
-  project would ever produce for it (`widest`), which `engine-check` holds against `--help`.
+  project would ever produce for it (`widest`), which `engine-check` holds against `--help`;
+- each adapter names the metrics of its leader's Prometheus `/metrics` that give the engine's
+  queue and KV-cache use (`load_metrics`), so the controller's autoscaler reads any engine
+  without knowing its name.
 """
 
 from __future__ import annotations
@@ -108,12 +111,30 @@ class Program:
     ended before that section."""
 
 
+@dataclass(frozen=True, slots=True)
+class LoadMetrics:
+    """Which series of the leader's Prometheus exposition (`path`) give its load, as data.
+
+    Each tuple lists metric names in order of preference: the first one the exposition has is
+    read (an older name after the current one). The series of one name are summed for the
+    queue (one per engine core or rank) and their largest taken for the KV-cache use (a share,
+    0 to 1). An empty tuple: the engine exports no such figure."""
+
+    queue: tuple[str, ...]
+    """Requests waiting for a batch slot or KV cache."""
+    kv_cache: tuple[str, ...]
+    """The share of the KV cache in use, 0 to 1."""
+    path: str = "/metrics"
+
+
 class EngineAdapter(Protocol):
     name: str
     pinned_version: str
     """The engine version whose argument definitions the adapter was written against."""
     programs: tuple[Program, ...]
     """The leader's program first, then any other program its workers run."""
+    load_metrics: LoadMetrics
+    """Where the leader's `/metrics` says its queue and KV-cache use."""
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch: ...
 

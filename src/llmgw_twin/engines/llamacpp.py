@@ -16,6 +16,11 @@ RPC port accepts a connection. The profile's extra flags are `llama-server` flag
 the leader only (the RPC server would not know them). `llama-server --help` lists `--rpc` in every
 build, but only a build with `-DGGML_RPC=ON` can use it, and only such a build has
 `ggml-rpc-server`: engine-check finds an RPC-less build by the worker program's absence.
+
+Load metrics: `llama-server` serves `/metrics` only with `--metrics`, which the leader always
+gets. Its queue is the gauge `llamacpp:requests_deferred` (requests waiting for a free slot);
+current builds export no KV-cache use (`llamacpp:kv_cache_usage_ratio` was removed in 2025), so
+an autoscaler cannot follow llama.cpp's KV cache.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from llmgw_twin.control.model import RENDEZVOUS_PORT_BASE, ShardSpec
 from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,
+    LoadMetrics,
     Program,
     Readiness,
     cuda_env,
@@ -57,6 +63,7 @@ RPC_SERVER = Program(
     min_help_chars=300,  # b11434 prints 481 characters
     help_sections=("options:",),
 )
+LOAD_METRICS = LoadMetrics(queue=("llamacpp:requests_deferred",), kv_cache=())
 
 
 def rpc_port(spec: ShardSpec, rank: int, ctx: LaunchContext) -> int:
@@ -70,6 +77,7 @@ class LlamaCppAdapter:
     name = "llamacpp"
     pinned_version = PINNED_VERSION
     programs: tuple[Program, ...] = (SERVER, RPC_SERVER)
+    load_metrics = LOAD_METRICS
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
         if spec.rank == 0:
@@ -99,6 +107,7 @@ class LlamaCppAdapter:
             ctx.bind_host,
             "--port",
             str(ctx.http_port),
+            "--metrics",
         ]
         if spec.shard_count > 1:
             workers = (

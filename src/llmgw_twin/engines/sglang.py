@@ -11,6 +11,10 @@ higher ranks run schedulers only.
 Invariants: `--model-type llm` pins `sglang serve` to its language-model server, so it never
 probes the model (which for a hub id means a network lookup) to choose a backend; the leader is
 ready when GET /health answers 200 (503 while the server is starting); workers open no port.
+
+Load metrics: `/metrics` needs `--enable-metrics`, which the leader always gets. Queue:
+`sglang:num_queue_reqs`; KV-cache use: `sglang:token_usage` (0 to 1). Labelled per rank
+(`tp_rank` and others): the queues are summed, the largest use taken.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from llmgw_twin.control.model import ShardSpec
 from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,
+    LoadMetrics,
     Program,
     http_leader_launch,
     widest_of,
@@ -36,10 +41,14 @@ PROGRAM = Program(
 )
 
 
+LOAD_METRICS = LoadMetrics(queue=("sglang:num_queue_reqs",), kv_cache=("sglang:token_usage",))
+
+
 class SglangAdapter:
     name = "sglang"
     pinned_version = PINNED_VERSION
     programs: tuple[Program, ...] = (PROGRAM,)
+    load_metrics = LOAD_METRICS
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
         argv = [
@@ -61,6 +70,8 @@ class SglangAdapter:
                 "--dist-init-addr",
                 f"{ctx.leader_host}:{spec.rendezvous_port}",
             ]
+        if spec.rank == 0:
+            argv.append("--enable-metrics")  # the autoscaler's queue and KV-cache use
         return http_leader_launch(spec, ctx, argv)
 
     def widest(self) -> tuple[Launch, ...]:

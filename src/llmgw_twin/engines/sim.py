@@ -7,13 +7,24 @@ built here is what production runs.
 
 Invariants: the argv below is the contract with the runnable sim engine (`llmgw-twin
 sim-engine`); the leader is ready when GET /health answers 200; workers open no port.
+
+Load metrics: the leader's `/metrics` says `llmgw_sim:requests_waiting` and
+`llmgw_sim:kv_cache_usage_ratio` (0 to 1), from its engine model (`--perf-model`); without one
+both are 0.
 """
 
 from __future__ import annotations
 
 from llmgw_twin import __version__
 from llmgw_twin.control.model import ShardSpec
-from llmgw_twin.engines.base import Launch, LaunchContext, Program, http_leader_launch, widest_of
+from llmgw_twin.engines.base import (
+    Launch,
+    LaunchContext,
+    LoadMetrics,
+    Program,
+    http_leader_launch,
+    widest_of,
+)
 
 PROGRAM = Program(
     default_binary="llmgw-twin",
@@ -24,10 +35,16 @@ PROGRAM = Program(
 )
 
 
+QUEUE_METRIC = "llmgw_sim:requests_waiting"
+KV_CACHE_METRIC = "llmgw_sim:kv_cache_usage_ratio"
+LOAD_METRICS = LoadMetrics(queue=(QUEUE_METRIC,), kv_cache=(KV_CACHE_METRIC,))
+
+
 class SimAdapter:
     name = "sim"
     pinned_version = __version__
     programs: tuple[Program, ...] = (PROGRAM,)
+    load_metrics = LOAD_METRICS
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
         argv = [

@@ -11,6 +11,10 @@ of one node (`--tensor-parallel-size` = GPUs per node) and pipeline parallelism 
 Invariants: the model path is the positional `model_tag` (so `--model`, which `vllm serve --help`
 hides, is never needed); the leader is ready when GET /health answers 200 (its API server binds
 only after every node's workers have joined and loaded); workers open no port of their own.
+
+Load metrics: `/metrics` is always served. Queue: `vllm:num_requests_waiting`; KV-cache use:
+`vllm:kv_cache_usage_perc` (a share 0 to 1 despite its name; older releases call it
+`vllm:gpu_cache_usage_perc`). Labelled `model_name` and `engine`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from llmgw_twin.control.model import ShardSpec
 from llmgw_twin.engines.base import (
     Launch,
     LaunchContext,
+    LoadMetrics,
     Program,
     http_leader_launch,
     widest_of,
@@ -44,10 +49,17 @@ PROGRAM = Program(
 )
 
 
+LOAD_METRICS = LoadMetrics(
+    queue=("vllm:num_requests_waiting",),
+    kv_cache=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+)
+
+
 class VllmAdapter:
     name = "vllm"
     pinned_version = PINNED_VERSION
     programs: tuple[Program, ...] = (PROGRAM,)
+    load_metrics = LOAD_METRICS
 
     def launch(self, spec: ShardSpec, ctx: LaunchContext) -> Launch:
         leader = spec.rank == 0
