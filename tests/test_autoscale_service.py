@@ -105,7 +105,7 @@ def test_a_router_that_stops_pushing_stops_counting() -> None:
     ("autoscale", "message"),
     [
         ("{min: 3, max: 2, target: 4}", "autoscale.small: autoscale small: minimum 3"),
-        ("{min: 1, max: 2, target: 4, signal: queue}", "autoscale.small.signal"),
+        ("{min: 1, max: 2, target: 4, signal: ttft_p99}", "autoscale.small.signal"),
         ("{min: 1, max: 2, target: 0}", "autoscale.small.target"),
         ("{min: 1, max: 2, target: 4, up_window: soon}", "autoscale.small.up_window"),
     ],

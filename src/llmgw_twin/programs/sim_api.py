@@ -1,6 +1,7 @@
 """The sim engine's OpenAI-compatible HTTP API, as a FastAPI app the leader serves.
 
     GET  /health                 {"status": "ok"}
+    GET  /metrics                the queue and KV-cache use, Prometheus text (`sim_metrics`)
     GET  /v1/models              the one served model
     POST /v1/chat/completions    chat; `stream: true` answers server-sent events
     POST /v1/completions         text completion, one choice per prompt; streaming too
@@ -41,6 +42,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw_twin.programs.sim_batcher import Batcher, Ticket, TooLarge
+from llmgw_twin.programs.sim_metrics import add_metrics
 from llmgw_twin.programs.sim_text import Generation, count_prompt_tokens, generate, render_chat
 
 DEFAULT_MAX_TOKENS = 256
@@ -197,6 +199,8 @@ def create_app(sim: SimModel) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    add_metrics(app, sim.served_name, sim.batcher)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

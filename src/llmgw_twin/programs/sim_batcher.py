@@ -67,6 +67,12 @@ class Batcher:
             fut.cancel()
         self._reschedule()
 
+    def load(self) -> tuple[int, float]:
+        """Now: the requests waiting for a batch slot or KV cache, and the share of the KV cache
+        in use (0 to 1); the engine's `/metrics` (`sim_metrics`)."""
+        self.engine.catch_up(self._now_us())
+        return self.engine.queued, self.engine.kv_used / self.engine.perf.kv_tokens
+
     async def serve(self, prompt_tokens: int, output_tokens: int) -> Served:
         """Wait until the request is done; it leaves the batch if the wait is cancelled."""
         ticket = self.submit(prompt_tokens, output_tokens)

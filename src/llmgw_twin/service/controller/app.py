@@ -73,6 +73,7 @@ from llmgw_twin.service.controller.autoscaling import LoadLoop, RouterLoads
 from llmgw_twin.service.controller.committer import Committer
 from llmgw_twin.service.controller.config import ControllerSettings
 from llmgw_twin.service.controller.delivery import Delivery
+from llmgw_twin.service.controller.engine_loads import EngineLoads
 from llmgw_twin.service.controller.gcpauses import GcPauses
 from llmgw_twin.service.controller.lag import LagMonitor
 from llmgw_twin.service.controller.leadership import Leadership
@@ -126,6 +127,11 @@ class ControllerRuntime(AdminCalls, ReadCalls):
             self.router,
             self.router_loads,
             lambda report: self.handle_all([report]),
+            EngineLoads(
+                self.router,
+                lambda rid: None if (r := self.core.replica(rid)) is None else r.profile.engine,
+                transport=engine_transport,
+            ),
         )
         self.feed = RoutingFeed()
         self.metrics = ControllerMetrics(self)

@@ -3,10 +3,12 @@ core (`control/autoscale.py`, docs/autoscale.md).
 
 Role: each router process pushes the requests outstanding at its replicas, per model, every few
 seconds (`POST /v1/router/load`, `RouterLoads.put`); the controller's own forwarding counts
-its own. Every policy's `interval` (the shortest of them), `LoadLoop` sums them per autoscaled
-model, with the model's routable replicas as the controller's router sees them, and hands the
-core a `LoadReport`; what the core decides is applied as any step is (a `deployment.scaled`
-event, the deployment's new count in the store).
+its own. Every policy's `interval` (the shortest of them), `LoadLoop` sums them per model whose
+policy follows `outstanding`, with the model's routable replicas as the controller's router
+sees them, reads the engines' queues or KV-cache use for the models whose policy follows
+`queue` or `kv_cache` (`engine_loads.py`), and hands the core one `LoadReport`; what the core
+decides is applied as any step is (a `deployment.scaled` event, the deployment's new count in
+the store).
 
 Invariants:
 - A router's push counts while it is fresh (`STALE_S`); one that stopped pushing (gone, cut
@@ -31,6 +33,7 @@ from llmgw_twin.control.autoscale import AutoscalePolicy, LoadSample
 from llmgw_twin.control.model import ModelName
 from llmgw_twin.control.protocol import LoadReport
 from llmgw_twin.control.routing import Router
+from llmgw_twin.service.controller.engine_loads import EngineLoads
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +78,13 @@ class RouterLoads:
 def samples(
     policies: tuple[AutoscalePolicy, ...], router: Router, loads: RouterLoads
 ) -> tuple[LoadSample, ...]:
-    """Each autoscaled model's load now: its routable replicas (the controller's own table) and
-    the requests outstanding at them (its own forwarding's and every fresh router's)."""
+    """The load now of each model whose policy follows `outstanding`: its routable replicas
+    (the controller's own table) and the requests outstanding at them (its own forwarding's and
+    every fresh router's)."""
     out = []
     for policy in policies:
+        if policy.signal != "outstanding":
+            continue
         routes = router.routes(policy.model)
         own = sum(router.outstanding(r.replica) for r in routes)
         total = own + loads.outstanding(str(policy.model))
@@ -87,7 +93,8 @@ def samples(
 
 
 class LoadLoop:
-    """Every `interval`, the load to the core (`handle` awaits the step's commit)."""
+    """Every `interval`, the load to the core (`handle` awaits the step's commit). The engines'
+    signals come from `engines`; without it, only `outstanding` policies are reported."""
 
     def __init__(
         self,
@@ -95,11 +102,13 @@ class LoadLoop:
         router: Router,
         loads: RouterLoads,
         handle: Callable[[LoadReport], Awaitable[None]],
+        engines: EngineLoads | None = None,
     ) -> None:
         self.policies = policies
         self._router = router
         self._loads = loads
         self._handle = handle
+        self._engines = engines
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -112,12 +121,24 @@ class LoadLoop:
             with suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._engines is not None:
+            await self._engines.aclose()
+
+    async def report(self, deadline_s: float | None = None) -> LoadReport:
+        """The load now: the `outstanding` samples, then the engines' (a model whose replicas
+        did not answer by `deadline_s` has none)."""
+        engines = (
+            () if self._engines is None else await self._engines.samples(self.policies, deadline_s)
+        )
+        return LoadReport(samples(self.policies, self._router, self._loads) + engines)
 
     async def _run(self) -> None:
         interval_s = min(p.interval_ms for p in self.policies) / 1000
         while True:
             await asyncio.sleep(interval_s)
             try:
-                await self._handle(LoadReport(samples(self.policies, self._router, self._loads)))
+                report = await self.report(deadline_s=interval_s)
+                if report.samples:
+                    await self._handle(report)
             except Exception:  # a refused step (deposed, store down): the next report comes
                 log.exception("the autoscaler's load report was not taken")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from llmgw_twin.control.autoscale import AutoscalePolicy
 from llmgw_twin.control.model import Deployment, ModelName, Profile, ProfileName, Timings
+from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.service.common.config import (
     ConfigError,
     Duration,
@@ -50,6 +51,7 @@ from llmgw_twin.service.common.wire import (
     Url,
     describe_errors,
 )
+from llmgw_twin.service.controller.engine_loads import ENGINE_SIGNALS
 from llmgw_twin.store.postgres import is_postgres_url
 from llmgw_twin.store.sqlite import EVENTS_KEPT
 from llmgw_twin.units import SettingKey, parse_share, setting_keys, timings_refusal
@@ -93,13 +95,13 @@ class DeploymentC(_Strict):
 
 class AutoscaleC(_Strict):
     """A deployment's autoscaling (docs/autoscale.md): the service follows the requests
-    outstanding at its replicas, its own and the routers' (`autoscaling.py`)."""
+    outstanding at its replicas, its own and the routers' (`autoscaling.py`), or the engines'
+    queues or KV-cache use, read from their `/metrics` (`engine_loads.py`)."""
 
     min: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICAS)]
     max: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICAS)]
-    signal: Literal["outstanding"] = "outstanding"
-    """The engines' queue, KV-cache and TTFT figures are the twin's only: the service reads no
-    engine metrics yet."""
+    signal: Literal["outstanding", "queue", "kv_cache"] = "outstanding"
+    """TTFT is the twin's only: the service measures no time to first token."""
     target: Annotated[float, Field(gt=0, le=1_000_000)]
     up_window: Duration = "30s"
     down_window: Duration = "5m"
@@ -263,6 +265,8 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
         deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
     autoscale = tuple(_autoscale(path, model, ac) for model, ac in sorted(f.autoscale.items()))
+    for policy in autoscale:
+        _engine_exports(path, policy, f)
     store = f.store if is_postgres_url(f.store) else _store_file(path, f.store)
     auth = auth_settings(path, f.auth, store)
     tls = server_tls(path, f.listen, secured=auth is not None, what="it needs an auth section")
@@ -304,6 +308,27 @@ def _autoscale(path: Path, model: str, ac: AutoscaleC) -> AutoscalePolicy:
         )
     except ValueError as e:
         raise ConfigError(f"{path}: {where}: {e}") from None
+
+
+def _engine_exports(path: Path, policy: AutoscalePolicy, f: ControllerFile) -> None:
+    """A policy on an engine signal the model's engine does not export (llama.cpp's KV-cache
+    use) is refused, where the file deploys the model; a deployment made through the API is
+    skipped by the scraper instead (`engine_loads.py`)."""
+    if policy.signal not in ENGINE_SIGNALS:
+        return
+    for dc in f.deployments:
+        pc = f.profiles.get(dc.profile)
+        if dc.model != policy.model or pc is None:
+            continue
+        try:
+            metrics = adapter_for(pc.engine).load_metrics
+        except KeyError:
+            continue  # an unknown engine: the profile itself is refused
+        if not getattr(metrics, policy.signal):
+            raise ConfigError(
+                f"{path}: autoscale.{policy.model}.signal: engine {pc.engine} (profile "
+                f"{dc.profile}) exports no {policy.signal} metric; follow another signal"
+            )
 
 
 def default_url(host: str, port: int, tls: ServerTls | None) -> str:
