@@ -5,6 +5,7 @@ core's rules, on a real controller on loopback with fake agents.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,47 @@ def test_a_good_policy_is_read_from_the_config(tmp_path: Path) -> None:
     assert policy.model == "small" and (policy.minimum, policy.maximum) == (1, 6)
     assert policy.target == Fraction(5, 2) and policy.down_window_ms == 600_000
     assert policy.up_window_ms == 30_000 and policy.interval_ms == 10_000
+
+
+def test_a_request_for_a_model_at_zero_is_held_until_the_autoscaler_brings_a_replica(
+    tmp_path: Path,
+) -> None:
+    """Scale to zero in the service: the controller's own forwarding holds the request, reports
+    it to the autoscaler at once, the count goes 0 -> 1, and the held request is answered by
+    the new replica."""
+    policy = AutoscalePolicy(
+        model=ModelName("small"),
+        minimum=0,
+        maximum=2,
+        signal="outstanding",
+        target=Fraction(4),
+        up_window_ms=600,
+        down_window_ms=600_000,
+        interval_ms=3_600_000,  # no report but the one a held request makes at once
+        scale_to_zero=True,
+    )
+    answered: list[str] = []
+
+    async def engine(request: httpx.Request) -> httpx.Response:
+        answered.append(request.url.host)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"choices": [{"message": {"content": "hi"}}]}'
+
+        return httpx.Response(200, headers={"content-type": "application/json"}, content=body())
+
+    with running_fleet(tmp_path, autoscale=(policy,), engines=httpx.MockTransport(engine)) as fleet:
+        fleet.add_node("n1", "ib-a", 8)
+        fleet.put(
+            "/v1/admin/profiles/small",
+            {"engine": "sim", "gpus_per_node": 2, "model": "/m/small", "load_time_ms": 100},
+        )
+        fleet.put("/v1/admin/deployments/small", {"profile": "small", "replicas": 0})
+        feed = fleet.client.get("/v1/router/feed").json()
+        assert feed["holding"] == ["small"]
+        body = {"model": "small", "messages": [{"role": "user", "content": "hi"}]}
+        r = fleet.client.post("/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-llmgw-replica"] == "small-r1"
+        assert answered == ["engine-small-r1"]
+        assert [(e["was"], e["replicas"]) for e in _scaled(fleet)] == [(0, 1)]

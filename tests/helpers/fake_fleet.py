@@ -144,8 +144,13 @@ class Fleet:
 
 
 @contextmanager
-def running_fleet(tmp_path: Path, autoscale: tuple[AutoscalePolicy, ...] = ()) -> Iterator[Fleet]:
-    """A controller asking for an admin token, with fake agents; no node yet."""
+def running_fleet(
+    tmp_path: Path,
+    autoscale: tuple[AutoscalePolicy, ...] = (),
+    engines: httpx.AsyncBaseTransport | None = None,
+) -> Iterator[Fleet]:
+    """A controller asking for an admin token, with fake agents; no node yet. `engines`
+    answers the requests the controller forwards to replicas (`http://engine-{replica}:8000`)."""
     admin = new_token()
     auth = ControllerAuth((token_hash(admin),), (), tmp_path / "secret.key")
     settings = ControllerSettings(
@@ -155,7 +160,8 @@ def running_fleet(tmp_path: Path, autoscale: tuple[AutoscalePolicy, ...] = ()) -
     transport = httpx.MockTransport(agents.command)
 
     def build() -> Any:
-        return create_controller_app(ControllerRuntime(settings, agent_transport=transport))
+        runtime = ControllerRuntime(settings, agent_transport=transport, engine_transport=engines)
+        return create_controller_app(runtime)
 
     with (
         live_server(build) as url,

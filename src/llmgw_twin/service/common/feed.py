@@ -77,6 +77,9 @@ class FeedPageW(_Strict):
     """Pass it back as `after` (with this `epoch`) to go on from here."""
     models: list[Str]
     """The deployed models, whether or not any replica of them is routable."""
+    holding: list[Str] = []
+    """The models whose requests a router holds while none of their replicas is routable
+    (autoscaled with `scale_to_zero`, `router/holding.py`); left out when none."""
     snapshot: list[SnapshotEntryW] | None
     """Set when the router must resync: every routable replica, and the ones this controller
     restored and has not judged yet (`adopting`)."""
@@ -128,6 +131,8 @@ class RoutingFeed:
         self.reads = 0
         self.resyncs = 0
         """Reads answered, and those answered with a snapshot."""
+        self.holding: Callable[[], list[str]] = list
+        """The models a router holds requests for at zero replicas (the controller's policies)."""
 
     @property
     def next(self) -> int:
@@ -180,10 +185,14 @@ class RoutingFeed:
     ) -> dict[str, Any]:
         start = after - self._first
         events = self._events[start : start + FEED_PAGE]
-        return {
+        page = {
             "epoch": self.epoch,
             "next": after + len(events),
             "models": models,
             "snapshot": snapshot,
             "events": events,
         }
+        holding = self.holding()
+        if holding:
+            page["holding"] = holding
+        return page

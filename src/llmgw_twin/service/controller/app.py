@@ -132,8 +132,13 @@ class ControllerRuntime(AdminCalls, ReadCalls):
                 lambda rid: None if (r := self.core.replica(rid)) is None else r.profile.engine,
                 transport=engine_transport,
             ),
+            own_held=self.forwarder.holds.held,
         )
+        # requests for a model scaled to zero wait for its first replica (docs/autoscale.md)
+        self.forwarder.holds.holdable = self.load_loop.holding
+        self.forwarder.holds.on_first = self.load_loop.poke
         self.feed = RoutingFeed()
+        self.feed.holding = self.load_loop.holding
         self.metrics = ControllerMetrics(self)
         self.keys: ControllerKeys | None = None
         """None: no credentials are asked (`auth` not configured, loopback only)."""

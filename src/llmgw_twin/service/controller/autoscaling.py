@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from dataclasses import replace
 from fractions import Fraction
 from typing import Annotated
 
@@ -53,26 +54,38 @@ class LoadPushW(BaseModel):
         dict[Annotated[str, StringConstraints(max_length=128)], Annotated[int, Field(ge=0)]],
         Field(max_length=MAX_MODELS),
     ]
+    held: Annotated[
+        dict[Annotated[str, StringConstraints(max_length=128)], Annotated[int, Field(ge=0)]],
+        Field(max_length=MAX_MODELS),
+    ] = {}
+    """Requests the router holds for a model scaled to zero (`router/holding.py`)."""
 
 
 class RouterLoads:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._loads: dict[str, tuple[float, dict[str, int]]] = {}
+        self._loads: dict[str, tuple[float, dict[str, int], dict[str, int]]] = {}
 
-    def put(self, router: str, outstanding: dict[str, int]) -> None:
+    def put(
+        self, router: str, outstanding: dict[str, int], held: dict[str, int] | None = None
+    ) -> None:
         self._loads.pop(router, None)  # re-inserted last: the dict is oldest-push first
-        self._loads[router] = (self._clock(), dict(outstanding))
+        self._loads[router] = (self._clock(), dict(outstanding), dict(held or {}))
         while len(self._loads) > MAX_ROUTERS:
             del self._loads[next(iter(self._loads))]
 
     def outstanding(self, model: str) -> int:
         now = self._clock()
-        return sum(load.get(model, 0) for at, load in self._loads.values() if now - at <= STALE_S)
+        loads = self._loads.values()
+        return sum(load.get(model, 0) for at, load, _ in loads if now - at <= STALE_S)
+
+    def held(self, model: str) -> int:
+        now = self._clock()
+        return sum(h.get(model, 0) for at, _, h in self._loads.values() if now - at <= STALE_S)
 
     def routers(self) -> int:
         now = self._clock()
-        return sum(1 for at, _ in self._loads.values() if now - at <= STALE_S)
+        return sum(1 for at, _, _ in self._loads.values() if now - at <= STALE_S)
 
 
 def samples(
@@ -103,13 +116,25 @@ class LoadLoop:
         loads: RouterLoads,
         handle: Callable[[LoadReport], Awaitable[None]],
         engines: EngineLoads | None = None,
+        own_held: Callable[[ModelName], int] = lambda _model: 0,
     ) -> None:
         self.policies = policies
         self._router = router
         self._loads = loads
         self._handle = handle
         self._engines = engines
+        self._own_held = own_held
+        """Requests the controller's own forwarding holds for a model at zero."""
+        self._soon = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    def holding(self) -> list[str]:
+        """The models whose requests are held while none of their replicas is routable."""
+        return sorted(str(p.model) for p in self.policies if p.scale_to_zero)
+
+    def poke(self, _model: object = None) -> None:
+        """Report at once, not at the next interval: a request is held for a model at zero."""
+        self._soon.set()
 
     def start(self) -> None:
         if self.policies:
@@ -130,12 +155,35 @@ class LoadLoop:
         engines = (
             () if self._engines is None else await self._engines.samples(self.policies, deadline_s)
         )
-        return LoadReport(samples(self.policies, self._router, self._loads) + engines)
+        found = samples(self.policies, self._router, self._loads) + engines
+        return LoadReport(self._with_held(found))
+
+    def _with_held(self, found: tuple[LoadSample, ...]) -> tuple[LoadSample, ...]:
+        """Each sample with the requests held for its model (the controller's and every fresh
+        router's); a model at zero with requests held has a sample even when its signal has
+        none (no replica to read an engine's queue from)."""
+        by_model = {s.model: s for s in found}
+        for policy in self.policies:
+            if not policy.scale_to_zero:
+                continue
+            model = ModelName(policy.model)
+            held = self._own_held(model) + self._loads.held(str(model))
+            if held == 0:
+                continue
+            sample = by_model.get(model)
+            if sample is None:
+                serving = len(self._router.routes(model))
+                by_model[model] = LoadSample(model, Fraction(0), serving, held)
+            else:
+                by_model[model] = replace(sample, held=held)
+        return tuple(by_model.values())
 
     async def _run(self) -> None:
         interval_s = min(p.interval_ms for p in self.policies) / 1000
         while True:
-            await asyncio.sleep(interval_s)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._soon.wait(), interval_s)
+            self._soon.clear()
             try:
                 report = await self.report(deadline_s=interval_s)
                 if report.samples:

@@ -201,7 +201,7 @@ def create_controller_app(runtime: ControllerRuntime) -> FastAPI:
     @app.post("/v1/router/load", dependencies=[Depends(_as_router)])
     async def router_load(body: LoadPushW) -> dict[str, Any]:
         """A router's load for the autoscaler (docs/autoscale.md); kept while fresh."""
-        runtime.router_loads.put(body.router, body.outstanding)
+        runtime.router_loads.put(body.router, body.outstanding, body.held)
         return {"accepted": True, "routers": runtime.router_loads.routers()}
 
     # never shed, as heartbeats are not: a router's table is how requests find replicas

@@ -39,6 +39,7 @@ from llmgw_twin.service.common.wire import install_error_handlers
 from llmgw_twin.service.router.config import RouterSettings
 from llmgw_twin.service.router.follower import FeedFollower
 from llmgw_twin.service.router.forwarding import Forwarder, monotonic_ms
+from llmgw_twin.service.router.holding import Holds
 from llmgw_twin.service.router.metrics import RouterMetrics
 
 
@@ -59,6 +60,11 @@ class RouterRuntime:
             timeouts=settings.timeouts,
             max_answer_bytes=settings.answer_bytes,
             transport=engine_transport,
+            holds=Holds(
+                lambda: self.follower.holding,
+                hold_ms=settings.hold_at_zero_ms,
+                on_first=lambda model: self.follower.push_now(),
+            ),
         )
         self.follower = FeedFollower(
             self.router,
@@ -69,7 +75,9 @@ class RouterRuntime:
             reconnect_max_ms=settings.reconnect_max_ms,
             transport=controller_transport,
             others=settings.other_controllers,
+            push_load_s=settings.load_push_ms / 1000,
         )
+        self.follower.held = self.forwarder.holds.counts
         self.keys = ApiKeys(settings.api_key_hashes)
         self.metrics = RouterMetrics(self)
 
@@ -107,6 +115,7 @@ class RouterRuntime:
         return {
             "feed": self.follower.view(),
             "models": models,
+            "holds": f.holds.view(),
             "ejections": self.router.ejections,
             "retried": f.retried,
             "failed_attempts": f.failed,

@@ -38,7 +38,9 @@ from llmgw_twin.service.common.config_access import (
 from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, ListenLimits
 from llmgw_twin.service.common.tls import ClientTls, ServerTls
 from llmgw_twin.service.common.wire import Text, Url, describe_errors
+from llmgw_twin.service.router.follower import LOAD_PUSH_S
 from llmgw_twin.service.router.forwarding import MAX_ANSWER_BYTES
+from llmgw_twin.service.router.holding import HOLD_MS
 from llmgw_twin.units import parse_size_mib
 
 Duration = Annotated[str, Strict()]
@@ -60,6 +62,8 @@ class TimeoutsC(StrictModel):
     connect: Duration = "2s"
     first_byte: Duration = "120s"
     between_chunks: Duration = "60s"
+    hold_at_zero: Duration = f"{HOLD_MS // 1000}s"
+    """How long a request waits for a model scaled to zero (`holding.py`)."""
 
 
 class EjectionC(StrictModel):
@@ -71,6 +75,8 @@ class EjectionC(StrictModel):
 class FeedC(StrictModel):
     wait: Duration = "20s"
     reconnect_max: Duration = "5s"
+    load_push: Duration = f"{LOAD_PUSH_S:g}s"
+    """How often the router pushes its load to the controller's autoscaler."""
 
 
 class RouterFile(StrictModel):
@@ -88,6 +94,7 @@ class RouterFile(StrictModel):
 
 
 DEFAULT_TIMEOUTS = RouterTimeouts()
+MAX_HOLD_MS = 3_600_000
 DEFAULT_EJECTION = Ejection()
 
 
@@ -116,6 +123,10 @@ class RouterSettings:
     """The other controllers' addresses (docs/high-availability.md)."""
     listen_limits: ListenLimits = DEFAULT_LISTEN_LIMITS
     """The listener's connection cap, timeouts and head bound (`listener.py`)."""
+    hold_at_zero_ms: int = HOLD_MS
+    """How long a request waits for a model scaled to zero before a 503."""
+    load_push_ms: int = int(LOAD_PUSH_S * 1000)
+    """How often the load is pushed to the controller (and at once when a request is held)."""
 
 
 def _ms(path: Path, key: str, text: str) -> int:
@@ -150,6 +161,9 @@ def load_router_config(path: str | Path) -> RouterSettings:
     if max_ms < base_ms:
         raise ConfigError(f"{path}: ejection.max: must be at least ejection.base")
     token = f.controller_token_file
+    hold_ms = _ms(path, "timeouts.hold_at_zero", t.hold_at_zero)
+    if hold_ms > MAX_HOLD_MS:
+        raise ConfigError(f"{path}: timeouts.hold_at_zero: must be at most 1h")
     return RouterSettings(
         host=f.listen.host,
         port=f.listen.port,
@@ -173,4 +187,6 @@ def load_router_config(path: str | Path) -> RouterSettings:
         ejection=Ejection(failures=ej.failures, base_ms=base_ms, max_ms=max_ms),
         feed_wait_ms=_ms(path, "feed.wait", f.feed.wait),
         reconnect_max_ms=_ms(path, "feed.reconnect_max", f.feed.reconnect_max),
+        hold_at_zero_ms=hold_ms,
+        load_push_ms=_ms(path, "feed.load_push", f.feed.load_push),
     )

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 import httpx
@@ -81,6 +82,11 @@ class FeedFollower:
         self._token: str | None = None
         self.models: list[str] | None = None
         """The deployed models as the latest page said; None until a first page."""
+        self.holding: frozenset[str] = frozenset()
+        """The models whose requests are held at zero replicas, as the latest page said."""
+        self._push_soon = asyncio.Event()
+        self.held: Callable[[], dict[str, int]] = dict
+        """The requests this router holds now, per model (its forwarding's `Holds.counts`)."""
         self.epoch: str | None = None
         self.next = 0
         self.connected = False
@@ -113,15 +119,26 @@ class FeedFollower:
             for m in self.router.models()
         }
 
+    def push_now(self, _model: object = None) -> None:
+        """Push the load now, not at the next interval: a request is held for a model at zero
+        replicas, and the autoscaler should hear of it at once."""
+        if self.push_load_s > 0:
+            self._push_soon.set()
+
     async def _push_loads(self) -> None:
         """Every `push_load_s`, this router's load to the controller that answered last (its
         autoscaler sums every router's, docs/autoscale.md); a push that fails is dropped: the
         next one says the same, newer."""
         while True:
-            await asyncio.sleep(self.push_load_s)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._push_soon.wait(), self.push_load_s)
+            self._push_soon.clear()
             assert self._client is not None
             headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
-            body = {"router": self.router_id, "outstanding": self.outstanding()}
+            body: dict[str, object] = {"router": self.router_id, "outstanding": self.outstanding()}
+            held = self.held()
+            if held:
+                body["held"] = held
             try:
                 r = await self._client.post(
                     self.controllers.current + "/v1/router/load", json=body, headers=headers
@@ -219,6 +236,7 @@ class FeedFollower:
             self.router.follow(event_of(w))
         self.events += len(page.events)
         self.epoch, self.next, self.models = page.epoch, page.next, list(page.models)
+        self.holding = frozenset(page.holding)
         self.connected = True
         self.pages += 1
 

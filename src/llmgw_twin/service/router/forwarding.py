@@ -47,6 +47,7 @@ from llmgw_twin.control.model import ModelName, ReplicaId
 from llmgw_twin.control.routing import NoRoute, Route, Router, RouterTimeouts
 from llmgw_twin.service.common.limits import MiB
 from llmgw_twin.service.common.replies import openai_error
+from llmgw_twin.service.router.holding import Holds
 from llmgw_twin.service.router.request_metrics import ReplicaAnswer, RequestMetrics, RequestWatch
 
 log = logging.getLogger("llmgw_twin.forwarding")
@@ -139,6 +140,7 @@ class Forwarder:
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], int] = monotonic_ms,
+        holds: Holds | None = None,
     ) -> None:
         if router.outstanding_limit is None:
             raise ValueError("forwarding needs a router with an outstanding limit")
@@ -154,6 +156,8 @@ class Forwarder:
         """Requests sent again to a second replica; attempts that failed before any byte was
         passed on; streams cut midway."""
         self.metrics = RequestMetrics(self)
+        self.holds = holds or Holds()
+        """Requests held for a model scaled to zero (`holding.py`)."""
 
     def open(self) -> None:
         t = self.timeouts
@@ -233,6 +237,12 @@ class Forwarder:
         failure: tuple[ReplicaId, _Failed] | None = None
         while len(tried) < MAX_ATTEMPTS:
             route = self.router.pick(model, self._clock(), exclude=tried)
+            if route is None and not tried and self._holds(model):
+                if self.holds.full(model):
+                    return self.holds.refuse(model, full=True)
+                route = await self.holds.wait(self.router, model, self._clock)
+                if route is None:
+                    return self.holds.refuse(model, full=False)
             if route is None:
                 break
             tried.append(route.replica)
@@ -252,6 +262,14 @@ class Forwarder:
         message = f"replica {replica} failed: {failed}"
         reply = openai_error(failed.status, message, "server_error", failed.code)
         return _tag(reply, replica, len(tried) > 1)
+
+    def _holds(self, model: ModelName) -> bool:
+        """Whether a request for `model` waits: it is held at zero, and no replica of it is
+        routable at all (ejected or full ones are answered as before)."""
+        return (
+            self.holds.applies(model)
+            and self.router.why_none(model, self._clock()) is NoRoute.NO_REPLICA
+        )
 
     def _no_route(self, model: ModelName) -> Response:
         now = self._clock()
