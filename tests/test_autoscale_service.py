@@ -133,6 +133,18 @@ def test_a_good_policy_is_read_from_the_config(tmp_path: Path) -> None:
     assert policy.model == "small" and (policy.minimum, policy.maximum) == (1, 6)
     assert policy.target == Fraction(5, 2) and policy.down_window_ms == 600_000
     assert policy.up_window_ms == 30_000 and policy.interval_ms == 10_000
+    assert not policy.scale_to_zero
+
+
+def test_scale_to_zero_is_read_from_the_config_and_min_0_needs_it(tmp_path: Path) -> None:
+    path = tmp_path / "controller.yaml"
+    head = "listen: {host: 127.0.0.1, port: 8080}\nstore: c.db\nautoscale:\n"
+    path.write_text(head + "  small: {min: 0, max: 2, target: 4, scale_to_zero: true}\n")
+    (policy,) = load_controller_config(path).autoscale
+    assert policy.scale_to_zero and policy.minimum == 0
+    path.write_text(head + "  small: {min: 0, max: 2, target: 4}\n")
+    with pytest.raises(ConfigError, match=r"autoscale\.small: .*minimum 0 needs scale_to_zero"):
+        load_controller_config(path)
 
 
 def test_a_request_for_a_model_at_zero_is_held_until_the_autoscaler_brings_a_replica(

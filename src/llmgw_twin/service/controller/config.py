@@ -98,8 +98,11 @@ class AutoscaleC(_Strict):
     outstanding at its replicas, its own and the routers' (`autoscaling.py`), or the engines'
     queues or KV-cache use, read from their `/metrics` (`engine_loads.py`)."""
 
-    min: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICAS)]
+    min: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)]
+    """0 only with `scale_to_zero`."""
     max: Annotated[int, Strict(), Field(ge=1, le=MAX_REPLICAS)]
+    scale_to_zero: Annotated[bool, Strict()] = False
+    """No replica while no request comes; a request then waits for one (`router/holding.py`)."""
     signal: Literal["outstanding", "queue", "kv_cache"] = "outstanding"
     """TTFT is the twin's only: the service measures no time to first token."""
     target: Annotated[float, Field(gt=0, le=1_000_000)]
@@ -305,6 +308,7 @@ def _autoscale(path: Path, model: str, ac: AutoscaleC) -> AutoscalePolicy:
                 path, f"{where}.down_window", ac.down_window, positive=True
             ),
             interval_ms=duration_setting(path, f"{where}.interval", ac.interval, positive=True),
+            scale_to_zero=ac.scale_to_zero,
         )
     except ValueError as e:
         raise ConfigError(f"{path}: {where}: {e}") from None
