@@ -41,8 +41,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from helpers.live import live_server
-from helpers.services import FAST, free_range, wait_sync
+from helpers.live import live_controller, live_server
+from helpers.services import FAST, free_range
 from llmgw_twin.control.model import Deployment, EngineName, ModelName, Profile, ProfileName
 from llmgw_twin.service.agent.app import AgentRuntime, create_agent_app
 from llmgw_twin.service.agent.config import load_agent_config
@@ -108,16 +108,8 @@ def controller_schema(controller_settings: ControllerSettings) -> Iterator[Any]:
         agents = httpx.MockTransport(lambda _: httpx.Response(200, json={"ok": True}))
         return create_controller_app(ControllerRuntime(controller_settings, agent_transport=agents))
 
-    with live_server(build) as url:
-        # a controller serves from its start and leads once it holds the lease: until then it
-        # answers as a standby (503); under load the claim may come after the port is open
-        wait_sync(lambda: _leading(url), 30, "the controller to lead")
+    with live_controller(build) as url:
         yield schemathesis.openapi.from_url(url + "/openapi.json", config=_config())
-
-
-def _leading(url: str) -> bool | None:
-    r = httpx.get(url + "/openapi.json", timeout=5)
-    return True if r.status_code == 200 else None
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from helpers.controller import PROFILE, registration
-from helpers.live import live_server
+from helpers.live import live_controller
 from helpers.services import wait_sync
 from llmgw_twin.cli import main
 from llmgw_twin.control.model import NodeId, ShardReport, ShardState
@@ -86,7 +86,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
     as_admin = {"authorization": f"Bearer {admin}"}
     stop = threading.Event()
-    with live_server(build) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with live_controller(build) as url, httpx.Client(base_url=url, timeout=30) as c:
         tokens = {}
         for node in NODES:
             r = c.post(

@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 
 from helpers.controller import PROFILE, registration
-from helpers.live import live_server
+from helpers.live import live_controller
 from helpers.services import free_ports, wait_sync
 from llmgw_twin.cli import main
 from llmgw_twin.control.model import NodeId, ShardReport, ShardState, Timings
@@ -80,7 +80,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         return create_controller_app(runtime)
 
     as_admin = {"authorization": f"Bearer {admin}"}
-    with live_server(build) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with live_controller(build) as url, httpx.Client(base_url=url, timeout=30) as c:
         tokens = {}
         for node, fabric in FABRICS.items():
             r = c.post(

@@ -21,7 +21,7 @@ import pytest
 from fastapi import FastAPI, Response
 
 from helpers.fake_fleet import TIMINGS, Agents, Fleet, bearer
-from helpers.live import live_server
+from helpers.live import live_controller, live_server
 from helpers.services import wait_sync
 from llmgw_twin.control.autoscale import AutoscalePolicy
 from llmgw_twin.control.model import ModelName, ReplicaId, ShardReport, ShardSpec, ShardState
@@ -425,7 +425,7 @@ def fleet_with_engines(
 
     with (
         live_server(lambda: engine_app) as engines_url,
-        live_server(build) as url,
+        live_controller(build) as url,
         httpx.Client(base_url=url, trust_env=False, timeout=10, headers=bearer(admin)) as client,
     ):
         agents.base, agents.engines_url = url, engines_url

@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 from helpers.controller import PROFILE, controller, registration
-from helpers.live import live_server
+from helpers.live import live_controller
 from helpers.services import wait_sync
 from llmgw_twin.service.common.config import ConfigError
 from llmgw_twin.service.controller.app import ControllerRuntime
@@ -55,7 +55,7 @@ def test_a_restarted_controller_serves_the_events_before_it_with_their_numbers_t
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "c.db"
-    with live_server(lambda: _build(db)) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with live_controller(lambda: _build(db)) as url, httpx.Client(base_url=url, timeout=30) as c:
         for name in ("n1", "n2", "n3"):
             assert c.post("/v1/agents/register", json=registration(name)).status_code == 200
         assert c.put("/v1/admin/profiles/tiny", json=PROFILE).status_code == 200
@@ -76,7 +76,7 @@ def test_a_restarted_controller_serves_the_events_before_it_with_their_numbers_t
         assert _stored(db) == list(range(end - KEPT, end))
         mid = end - 2  # where a reader of the log had got to
 
-    with live_server(lambda: _build(db)) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with live_controller(lambda: _build(db)) as url, httpx.Client(base_url=url, timeout=30) as c:
         page = _page(c, 0)
         assert page["dropped"] == end - KEPT
         served = _numbered(c, 0)

@@ -20,7 +20,7 @@ import pytest
 from fastapi import FastAPI
 
 from helpers.controller import CHAT_MODEL, Sent, controller, runtime_of, two_ready_replicas
-from helpers.live import live_server
+from helpers.live import live_controller
 from helpers.services import eventually, free_range
 from llmgw_twin.control.model import ReplicaId
 from llmgw_twin.service.agent.app import AgentRuntime, create_agent_app
@@ -124,7 +124,7 @@ def test_over_http_a_chunked_body_that_never_ends_is_answered_413(tmp_path: Path
     def build() -> FastAPI:
         return create_controller_app(runtime_of(tmp_path))
 
-    with live_server(build) as url:
+    with live_controller(build) as url:
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(
@@ -305,7 +305,7 @@ def test_a_client_gone_mid_stream_gives_its_slot_back(tmp_path: Path) -> None:
 
             await eventually(released, 10, "the slot of the request whose client hung up")
 
-    with live_server(build) as url:
+    with live_controller(build) as url:
         asyncio.run(go(url))
 
 

@@ -29,7 +29,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.controller import CHAT_MODEL, Sent, assigned_specs, runtime_of, two_ready_replicas
-from helpers.live import live_server
+from helpers.live import live_controller, live_server
 from helpers.router import settings as router_settings
 from helpers.router import sim_engine
 from helpers.services import FAST, node_info, wait_sync
@@ -170,7 +170,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sent: Sent = []
     engine, engine_url = sim_engine(model=CHAT_MODEL)
     try:
-        with live_server(
+        with live_controller(
             lambda: create_controller_app(runtime_of(tmp, sent, timings=STEADY))
         ) as controller:
 
@@ -455,7 +455,7 @@ def test_a_scrape_needs_an_admin_token_or_the_routers_api_key_once_credentials_a
         (token_hash(reader),),
     )
     settings = ControllerSettings("127.0.0.1", 0, str(tmp_path / "c.db"), FAST, (), (), auth=auth)
-    with live_server(lambda: create_controller_app(ControllerRuntime(settings))) as controller:
+    with live_controller(lambda: create_controller_app(ControllerRuntime(settings))) as controller:
         for token, status in [
             (None, 401),
             (new_token(), 401),

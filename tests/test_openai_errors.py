@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
-from helpers.live import live_server
+from helpers.live import live_controller, live_server
 from helpers.router import router, settings, static_feed
 from helpers.services import FAST, wait_sync
 from llmgw_twin.service.common.auth import new_token, token_hash
@@ -147,7 +147,7 @@ def controller(tmp_path: Path) -> Iterator[str]:
         )
         return create_controller_app(runtime)
 
-    with live_server(build) as url:
+    with live_controller(build) as url:
         yield url
 
 

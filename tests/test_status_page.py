@@ -22,7 +22,7 @@ from playwright.sync_api import ConsoleMessage, Page, Request
 from helpers.browser import page
 from helpers.controller import registration, runtime_of
 from helpers.fake_fleet import Fleet, running_fleet
-from helpers.live import live_server
+from helpers.live import live_controller
 from helpers.services import wait_sync
 from llmgw_twin.service.common.auth import new_token
 from llmgw_twin.service.controller.routes import create_controller_app
@@ -332,7 +332,7 @@ def test_a_token_from_the_form_a_wrong_one_refused_and_a_forgotten_one(tmp_path:
 def test_without_auth_no_token_is_asked_and_a_lost_controller_is_shown(tmp_path: Path) -> None:
     with page() as p:
         requests, problems = watch(p)
-        with live_server(lambda: create_controller_app(runtime_of(tmp_path))) as url:
+        with live_controller(lambda: create_controller_app(runtime_of(tmp_path))) as url:
             with httpx.Client(base_url=url, trust_env=False, timeout=10) as client:
                 r = client.post("/v1/agents/register", json=registration("n1"))
                 assert r.status_code == 200, r.text

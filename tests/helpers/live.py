@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 
@@ -46,3 +47,18 @@ def live_server(build: Callable[[], FastAPI], within_s: float = 30) -> Iterator[
         thread.join(within_s)
         sock.close()
         assert not thread.is_alive(), "uvicorn did not shut down"
+
+
+@contextmanager
+def live_controller(build: Callable[[], FastAPI], within_s: float = 30) -> Iterator[str]:
+    """`live_server` for a controller app, yielding once it leads: a controller serves from its
+    start and claims the lease in the background, answering as a standby (503) until then, and
+    on a busy machine the claim may come well after the port is open."""
+    with live_server(build, within_s) as url:
+        wait_sync(lambda: _leads(url), within_s, "the controller to lead")
+        yield url
+
+
+def _leads(url: str) -> bool | None:
+    r = httpx.get(url + "/health", timeout=5, trust_env=False)
+    return True if r.status_code == 200 and r.json().get("status") == "ok" else None
