@@ -1,26 +1,30 @@
 """The controller service's lease on a shared SQLite file: a second controller waits as a
 standby, takes over in a higher epoch once the first stops renewing, and the first, fenced,
 stops before it commits anything; its commands carry its epoch, and an agent that has seen a
-higher one refuses them over HTTP."""
+higher one refuses them over HTTP. A leader held up past its deadline sends nothing until the
+store renews its lease, and goes on if no one took over."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 
 from helpers.services import FAST, eventually
-from llmgw_twin.control.model import EngineName, Profile, ProfileName
-from llmgw_twin.control.protocol import ApplyProfile
+from llmgw_twin.control.model import EngineName, NodeId, Profile, ProfileName
+from llmgw_twin.control.protocol import ApplyProfile, RequestReport
 from llmgw_twin.service.controller.app import ControllerRuntime
 from llmgw_twin.service.controller.config import ControllerSettings
 
 LEASE = replace(FAST, lease_ms=900)
+T = TypeVar("T")
 
 
 class Fatal(Exception):
@@ -104,3 +108,73 @@ def _info(node: str) -> dict[str, Any]:
     from llmgw_twin.service.common.wire import NodeInfoW
 
     return NodeInfoW.from_core(node_info(node)).model_dump(mode="json")
+
+
+def _now(probe: Callable[[], T | None]) -> Callable[[], Awaitable[T | None]]:
+    async def asked() -> T | None:
+        return probe()
+
+    return asked
+
+
+def _held_up(rt: ControllerRuntime) -> None:
+    """Hold the event loop well past the lease deadline, as an overloaded loop or a long
+    blocking call does (the renewal task cannot run meanwhile)."""
+    time.sleep(LEASE.lease_ms / 1000 * 1.5)
+    assert not rt.leadership.may_act()
+
+
+def test_a_leader_held_up_past_its_deadline_renews_when_no_one_took_over(tmp_path: Path) -> None:
+    deaths: list[str] = []
+    sent: list[Any] = []
+    acting_when_sent: list[bool] = []
+
+    async def go() -> None:
+        rt = _runtime(tmp_path / "c.db", "c1", deaths, sent)
+        await rt.start()
+        rt._agent_urls[NodeId("n1")] = "http://agent-n1"
+        original = rt.delivery._deliver
+
+        async def deliver(cmd: Any, client: httpx.AsyncClient) -> bool:
+            acting_when_sent.append(rt.leadership.may_act())
+            return await original(cmd, client)
+
+        rt.delivery._deliver = deliver  # type: ignore[method-assign]
+        _held_up(rt)
+        rt.delivery.send(RequestReport(NodeId("n1")))  # decided while past the deadline
+        await eventually(_now(lambda: rt.leadership.late_renewals or None), 10, "a late renewal")
+        await eventually(_now(lambda: sent or None), 10, "the held command, sent once renewed")
+        assert rt.leadership.epoch == 1 and rt.leadership.may_act()
+        await rt.stop()
+
+    asyncio.run(go())
+    assert deaths == []
+    assert acting_when_sent == [True]  # never sent while past the deadline
+    assert [(p, b["epoch"]) for _, p, b in sent] == [("/v1/report-request", 1)]
+
+
+def test_a_leader_held_up_while_a_standby_took_over_ends_and_sends_nothing(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "shared.db"
+    deaths: list[str] = []
+    sent: list[Any] = []
+
+    async def go() -> None:
+        first = _runtime(store, "c1", deaths, sent)
+        await first.start()
+        first._agent_urls[NodeId("n1")] = "http://agent-n1"
+        # while c1 is held up, the lease expires in the store's time and c2 claims it
+        _held_up(first)
+        second = _runtime(store, "c2", [], sent)
+        await asyncio.wait_for(second.start(), timeout=30)
+        assert second.leadership.epoch == 2
+        first.delivery.send(RequestReport(NodeId("n1")))
+        await eventually(_now(lambda: deaths or None), 10, "c1 to end")
+        await second.stop()
+        await first.stop()
+
+    asyncio.run(go())
+    # fenced: by its renewal or by its next commit, whichever came first
+    assert deaths and all("epoch 1" in d for d in deaths), deaths
+    assert [s for s in sent if s[0] == "c1"] == []

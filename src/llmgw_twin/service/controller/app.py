@@ -182,6 +182,7 @@ class ControllerRuntime(AdminCalls, ReadCalls):
             tls=settings.agents_tls,
             transport=agent_transport,
             epoch=lambda: self.leadership.epoch or 0,
+            acting=self.leadership.acting,
         )
         self._misbound: dict[NodeId, str] = {}
         self._loop_task: asyncio.Task[None] | None = None

@@ -19,6 +19,8 @@ Invariants:
   its last attempt it is dropped with a warning (the core is level-triggered and assigns again
   once the agent's report disagrees).
 - A command to a node with no known address, or whose credential was revoked, is not sent.
+- Nothing is sent while the leader is past its lease deadline (`acting`): what is pending waits
+  until the store renews the lease, or the process ends.
 - `on_report_tried(node)` is called once a report request to `node` has been tried (delivered,
   or its send failed, or it could not be sent): a restarted controller counts the agent's time
   to answer from then, not from when it queued the request.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -64,11 +66,14 @@ class Delivery:
         transport: httpx.AsyncBaseTransport | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
         epoch: Callable[[], int] = lambda: 0,
+        acting: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """`agent_urls` is the runtime's own map, read at each send (it changes as nodes are
-        onboarded and register); `epoch`, the leader's epoch every command carries."""
+        onboarded and register); `epoch`, the leader's epoch every command carries; `acting`,
+        awaited before each send: it returns once the leader may act (`Leadership.acting`)."""
         self._urls = agent_urls
         self._epoch = epoch
+        self._acting = acting
         self._keys = keys
         self._tls = tls
         self._transport = transport
@@ -162,6 +167,10 @@ class Delivery:
             self._busy.add(node)
             try:
                 while self._pending.get(node):
+                    if self._acting is not None:
+                        await self._acting()  # past the lease deadline: held until renewed
+                        if not self._pending.get(node):
+                            break
                     cmd, attempts = self._pending[node].pop(0)
                     ok = await self._deliver(cmd, client)
                     if isinstance(cmd, RequestReport):

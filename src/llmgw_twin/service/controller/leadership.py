@@ -3,12 +3,19 @@
 Role: `claim` waits, as a standby, until the store gives this controller the lease (a new epoch
 each time: `control.lease`), asking every fifth of a lease; `start` then renews it every third
 of a lease in a background task. A renewal the store refuses (`Fenced`: another controller took
-the lease) or one that could not be made in time on this process's own monotonic clock (four
-fifths of a lease after the last good one began: before the store's lease could expire) calls
-`fatal`, which ends the process: a deposed controller stops before anyone else may act, and its
-supervisor starts it again as a standby. Every commit is conditional on `epoch` (`Committer`),
-and every command carries it (`Delivery`), so even a process frozen past its deadline (SIGSTOP,
-a VM pause) acts on nothing when it wakes: its commits are refused, its commands too.
+the lease) calls `fatal`, which ends the process: a deposed controller stops, and its supervisor
+starts it again as a standby.
+
+Its deadline: four fifths of a lease after the last good renewal began, on this process's own
+monotonic clock (before the store's lease could expire). Past it, the controller may no longer
+be the only one acting, so it sends nothing (`may_act` is false, and `Delivery` holds every
+command until `acting` returns), and it asks the store at once: a lease still held in its own
+epoch (no one took it while it was held up: an overloaded event loop, a long pause) is renewed,
+and the controller goes on where it was, as the twin's does; a lease taken is `Fenced` and ends
+the process; a store it cannot reach ends it too (it cannot know, and a standby may lead by
+then). Every commit is conditional on `epoch` (`Committer`) and every command carries it
+(`Delivery`), so even a process frozen past its deadline (SIGSTOP, a VM pause) acts on nothing
+when it wakes: its commits are refused, its commands too.
 
 Each controller also says in the store where it is reached (`url`) at every claim it tries and
 every renewal; a standby keeps what it last read of the lease and of those addresses
@@ -83,6 +90,10 @@ class Leadership:
         self.epoch: int | None = None
         """None until this controller leads."""
         self._renewed = 0.0
+        self._renewal = asyncio.Event()
+        """Set (and replaced) at every renewal: what a sender held by the deadline waits on."""
+        self.late_renewals = 0
+        """Renewals made past the deadline: the controller was held up, and no one took over."""
         self._task: asyncio.Task[None] | None = None
 
     async def claim(self) -> int:
@@ -100,7 +111,8 @@ class Leadership:
             started = time.monotonic()
             got = await self._claim_now(lease_ms)
             if isinstance(got, Lease):
-                self.epoch, self._renewed = got.epoch, started
+                self.epoch = got.epoch
+                self._renewed_at(started)
                 self.leader = None
                 log.info("controller %s leads, in epoch %d", self.name, got.epoch)
                 return got.epoch
@@ -143,6 +155,23 @@ class Leadership:
         """Every controller that said where it is reached, and when (a blocking read)."""
         return [Peer(*row) for row in self._store.controllers()]
 
+    def may_act(self) -> bool:
+        """True while this controller leads within its deadline (see the module)."""
+        if self.epoch is None:
+            return False
+        elapsed_ms = (time.monotonic() - self._renewed) * 1000
+        return elapsed_ms < self.times.step_down_after_ms
+
+    async def acting(self) -> None:
+        """Return once this controller may act (at once while it may)."""
+        while not self.may_act():
+            await self._renewal.wait()
+
+    def _renewed_at(self, started: float) -> None:
+        self._renewed = started
+        renewal, self._renewal = self._renewal, asyncio.Event()
+        renewal.set()
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew_loop())
 
@@ -154,18 +183,41 @@ class Leadership:
 
     async def _renew_loop(self) -> None:
         times = self.times
+        late = False
         while True:
-            await asyncio.sleep(times.renew_every_ms / 1000)
+            if not late:
+                await asyncio.sleep(times.renew_every_ms / 1000)
             started = time.monotonic()
-            if (started - self._renewed) * 1000 >= times.step_down_after_ms:
-                self._fatal(f"controller {self.name} could not renew its lease in time")
-                return
+            late = (started - self._renewed) * 1000 >= times.step_down_after_ms
+            if late:
+                log.warning(
+                    "controller %s is past its lease deadline (%.1f s since its last renewal "
+                    "began, the deadline is %.1f s): it sends nothing until the store renews "
+                    "its lease in epoch %s",
+                    self.name,
+                    started - self._renewed,
+                    times.step_down_after_ms / 1000,
+                    self.epoch,
+                )
             try:
                 await self._run(self._renew_now, times.lease_ms)
             except Fenced as e:
                 self._fatal(f"controller {self.name} was deposed: {e}")
                 return
-            except Exception as e:  # the store is away for now: try again before the deadline
-                log.warning("renewing the lease failed: %r", e)
+            except Exception as e:
+                if late:  # it cannot know whether another leads by now
+                    self._fatal(f"controller {self.name} could not renew its lease in time: {e!r}")
+                    return
+                log.warning("renewing the lease failed: %r", e)  # try again before the deadline
                 continue
-            self._renewed = started
+            if late:
+                self.late_renewals += 1
+                log.warning(
+                    "controller %s renewed its lease in epoch %s %.1f s after the last "
+                    "renewal: no one took it over, it acts again",
+                    self.name,
+                    self.epoch,
+                    time.monotonic() - self._renewed,
+                )
+                late = False
+            self._renewed_at(started)

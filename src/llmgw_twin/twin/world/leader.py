@@ -3,8 +3,9 @@
 A process is a standby until it claims the lease in the shared store (`Store.claim_lease`, the
 store's time deciding expiry); then it builds its core from the store (or, the first leader of
 a fresh store, from the scenario's desired state) and leads in the epoch the store gave it. A
-leader renews its lease every third of it, and steps down on its own clock a fifth of the lease
-before it could expire (`control.lease.LeaseTimes`). Every step it carries out is committed
+leader renews its lease every third of it, and at its deadline on its own clock, a fifth of the
+lease before it could expire (`control.lease.LeaseTimes`), asks the store once: it goes on if the
+lease is still its epoch's, and steps down otherwise. Every step it carries out is committed
 conditionally on its epoch first: a commit the store refuses (`Fenced`: another leads now) or
 cannot take (the store is down, or this process is cut from it) deposes it before any of the
 step's events or commands leave, so a deposed leader never acts.
@@ -182,30 +183,44 @@ class ControllerProcess:
     def _renew(self) -> None:
         if self.core is None:
             return
+        refused = self._renew_in_store()
+        if isinstance(refused, Fenced):
+            self.step_down()
+        elif refused is not None:
+            self.later(self.times.retry_every_ms, self._renew)  # the deadline may come first
+        else:
+            self.later(self.times.renew_every_ms, self._renew)
+
+    def _renew_in_store(self) -> Exception | None:
+        """Renew the lease (and arm the next deadline); what refused it, else None."""
         started = self.local()
         lease_ms = self.times.lease_ms
         store, now = self.group.store, self.group.world.now
         try:
             self.store_call(lambda: store.renew_lease(self.name, self.epoch, now, lease_ms))
-        except Fenced:
-            self.step_down()
-            return
-        except StoreUnreachable:
-            self.later(self.times.retry_every_ms, self._renew)  # the deadline may come first
-            return
+        except (Fenced, StoreUnreachable) as e:
+            return e
         self._renewed_local = started
         self._arm_deadline()
-        self.later(self.times.renew_every_ms, self._renew)
+        return None
 
     def _arm_deadline(self) -> None:
         renewed = self._renewed_local
         wait = renewed + self.times.step_down_after_ms - self.local()
 
         def check() -> None:
-            if self._renewed_local == renewed:
-                self.step_down()  # not renewed in time: stop before the lease can expire
+            if self._renewed_local == renewed and self.core is not None:
+                self._past_deadline()
 
         self.later(wait, check)
+
+    def _past_deadline(self) -> None:
+        """Not renewed in time: it may no longer be the only one acting, so before anything
+        else it asks the store once, as the service does (`service/controller/leadership.py`):
+        a lease still its epoch's (no one took it) is renewed and it goes on; one taken, or a
+        store it cannot reach, and it steps down."""
+        if self._renew_in_store() is not None:
+            self.step_down()
 
     def step_down(self) -> None:
         """It stops leading: its core and every timer of its leadership go; it is a standby
