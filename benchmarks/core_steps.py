@@ -13,11 +13,18 @@ whole operation, each min / median / max in ms, and the number of calls.
 - place N: a deployment of N replicas applied to an empty fleet, and the tick that places them.
 - scale N -> 1: the same deployment, every replica ready, scaled back to one.
 - drain a fabric: every node of one fabric drained (100 nodes, their replicas copied elsewhere).
+- N nodes join a waiting deployment: N/2 whole-node replicas applied to an empty fleet (each
+  unplaceable), then the nodes register in a seeded order, 500 between two reconciles, each
+  placed shard reported serving at once, until nothing is left to do: a whole fleet registering
+  at a controller's start, as in `load.py`.
+- defragment among 4N: 4N ready one-GPU replicas, four a node, then one whole-node replica that
+  fits nowhere until the defragmenter empties a node (its plan looks at every ready replica).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +40,7 @@ from llmgw_twin.control.model import (
     NodeInfo,
     Profile,
     ProfileName,
+    ReplicaState,
     ShardReport,
     ShardState,
     Timings,
@@ -126,7 +134,79 @@ def drain_fabric(nodes: int) -> Timed:
     return timed(ctl, now, action)
 
 
-OPERATIONS = {"place N": place, "scale N -> 1": scale_down, "drain a fabric": drain_fabric}
+WHOLE_NODE = Profile(ProfileName("p8"), EngineName("sim"), 1, 8, "/models/m", 20_000)
+JOIN_CHUNK = 500
+
+
+def join(nodes: int) -> Timed:
+    """A deployment of N/2 whole-node replicas waiting on an empty fleet (each unplaceable);
+    the nodes then register in a seeded order, `JOIN_CHUNK` between two reconciles, each shard
+    reported serving as soon as it is assigned, and the reconciles go on until nothing is left
+    to do: a whole fleet registering at a controller's start (the load benchmark's run)."""
+    ctl = Controller(Timings())
+    ctl.handle(ApplyProfile(WHOLE_NODE), 0)
+    ctl.handle(ApplyDeployment(Deployment(MODEL, WHOLE_NODE.name, nodes // 2)), 0)
+    ctl.tick(0)
+    order = list(range(nodes))
+    random.Random(1).shuffle(order)
+    calls: list[float] = []
+    now = 1
+
+    def reconcile() -> bool:
+        """One reconcile, and the serving reports it asks for; True if it did anything."""
+        nonlocal now
+        t0 = time.perf_counter()
+        step = ctl.tick(now)
+        calls.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for node in {c.node for c in step.commands}:
+            shards = tuple(
+                ShardReport(s, ShardState.SERVING, f"http://{node}:{8000 + i}", None, ("e",))
+                for i, s in enumerate(ctl.assigned(node))
+            )
+            ctl.handle(Heartbeat(node, shards), now)
+        calls.append(time.perf_counter() - t0)
+        now += 100
+        return bool(step.commands) or step.wake_at_ms == now - 100
+
+    for first in range(0, nodes, JOIN_CHUNK):
+        t0 = time.perf_counter()
+        for i in order[first : first + JOIN_CHUNK]:
+            info = NodeInfo(
+                NodeId(f"n{i:05d}"), FabricId(f"ib-{i // FABRIC_SIZE:03d}"), 8, 81920, ("sim",)
+            )
+            ctl.handle(NodeRegistered(info), now)
+            ctl.handle(Heartbeat(info.node, ()), now)
+        calls.append(time.perf_counter() - t0)
+        reconcile()
+    for _ in range(nodes):  # bounded: each reconcile places a slice
+        if not reconcile():
+            break
+    ready = sum(1 for r in ctl.replicas() if r.state is ReplicaState.READY)
+    assert ready == nodes // 2, f"{ready} of {nodes // 2} replicas ready"
+    return Timed(max(calls) * 1000, sum(calls) * 1000, len(calls))
+
+
+def defragment(nodes: int) -> Timed:
+    """4N ready one-GPU replicas (four a node, spread), then a whole-node replica that fits
+    nowhere until a node is emptied: the defragmenter's plan among every ready replica."""
+    ctl, now = fleet(nodes, 4 * nodes)
+    now = ready(ctl, now)
+
+    def action() -> None:
+        ctl.handle(ApplyProfile(WHOLE_NODE), now)
+        ctl.handle(ApplyDeployment(Deployment(ModelName("big"), WHOLE_NODE.name, 1)), now)
+
+    return timed(ctl, now, action)
+
+
+OPERATIONS = {
+    "place N": place,
+    "scale N -> 1": scale_down,
+    "drain a fabric": drain_fabric,
+    "N nodes join a waiting deployment": join,
+    "defragment among 4N": defragment,
+}
 
 
 def main() -> None:

@@ -228,6 +228,23 @@ def test_the_plan_moves_across_fabrics_only_when_allowed_and_needed() -> None:
     assert plan_moves(idx, wide, frozenset(), movable, 1, order, across=2) is None
 
 
+def test_a_copy_goes_where_no_other_replica_of_its_deployment_runs() -> None:
+    # chat's s1 on a1 and s2 on a2, another model's 1x4 on a3: a 1x8 needs one of a1 and a2
+    # emptied, and the copy fits on the other one or on a3 alike (4 GPUs free on each)
+    def plan_with(deployment: dict[NodeId, int]) -> tuple[str, ...]:
+        idx = _index(("a1", "ib-a"), ("a2", "ib-a"), ("a3", "ib-a"))
+        idx.book(NodeId("a3"), idx.free_gpus(NodeId("a3"))[:4])
+        movable = [replace(m, deployment=deployment) for m in _running(idx, s1="a1", s2="a2")]
+        whole = profile("whole", nodes=1, gpus=8)
+        plan = plan_moves(idx, whole, frozenset(), movable, 1, [FabricId("ib-a")])
+        assert plan is not None and len(plan.moves) == 1
+        return plan.moves[0].to.nodes
+
+    chat = {NodeId("a1"): 1, NodeId("a2"): 1}
+    assert plan_with(chat) == ("a3",)  # not beside its deployment's other replica
+    assert plan_with({}) != ("a3",)  # with nothing to spread from, the name decides
+
+
 def test_a_plan_in_stages_puts_a_later_copy_where_an_earlier_original_was() -> None:
     # a0 and a2 (4 GPUs) hold a 1x2 each, a1 (8 GPUs) a 1x4: a 1x8 needs a1. The 1x4 fits
     # nowhere now; once one 1x2 has joined the other, it fits where that one was

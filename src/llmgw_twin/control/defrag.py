@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from llmgw_twin.control.defrag_plan import DefragPlan, Movable, plan_moves
 from llmgw_twin.control.lifecycle import Lifecycle
-from llmgw_twin.control.model import NodeId, ReplicaId, ReplicaState
+from llmgw_twin.control.model import ModelName, NodeId, ReplicaId, ReplicaState
 from llmgw_twin.control.moves import DEFRAG, Move, Moves
 from llmgw_twin.control.passes import gang_order
 from llmgw_twin.control.replicas import ReplicaRecord
@@ -151,6 +151,9 @@ class Defragmenter:
     def _movable(self) -> list[Movable]:
         life = self._life
         out = []
+        # one copy of each deployment's replicas per node, shared by its movables (a copy
+        # each, or a set of the crowded nodes each, is quadratic in the deployment's size)
+        deployments: dict[ModelName, dict[NodeId, int]] = {}
         for rec in life.replicas.records.values():
             if (
                 rec.state is not ReplicaState.READY
@@ -162,9 +165,9 @@ class Defragmenter:
                 or life.outdated(rec)  # the rollout replaces it (`rollout.Rollout`)
             ):
                 continue
-            per_node = life.replicas.per_node(rec.model)
-            mine = set(rec.nodes)
-            crowded = frozenset(n for n, c in per_node.items() if c > (n in mine))
+            deployment = deployments.get(rec.model)
+            if deployment is None:
+                deployment = deployments[rec.model] = dict(life.replicas.per_node(rec.model))
             out.append(
                 Movable(
                     rec.id,
@@ -172,7 +175,7 @@ class Defragmenter:
                     rec.fabric,
                     tuple((s.node, s.gpus) for s in rec.specs),
                     life.failures.excluded(rec.profile.name),
-                    crowded,
+                    deployment,
                 )
             )
         return out

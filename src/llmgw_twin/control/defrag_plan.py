@@ -26,8 +26,8 @@ and a replica of one is not moved (the planner reads fabric capacity only).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import combinations
 
 from llmgw_twin.control.model import FabricId, NodeId, Profile, ReplicaId
@@ -48,8 +48,13 @@ class Movable:
     """Where its shards are: node and GPUs per rank."""
     excluded: frozenset[NodeId]
     """Nodes its profile must not go to (quarantined, not heard since a failure)."""
-    crowded: frozenset[NodeId] = frozenset()
-    """Nodes holding another replica of its deployment: its copy goes elsewhere if it can."""
+    deployment: Mapping[NodeId, int] = field(default_factory=dict, hash=False, compare=False)
+    """Its deployment's replicas per node, itself included (one mapping shared by all of the
+    deployment's replicas): its copy goes where no other one runs, if it can."""
+
+    def crowded(self, node: NodeId, home: frozenset[NodeId]) -> bool:
+        """True when `node` holds another replica of its deployment."""
+        return self.deployment.get(node, 0) > (node in home)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,7 @@ def _pick(
     nodes: Sequence[NodeId],
     ok: Callable[[NodeId], bool],
     prefer: dict[NodeId, set[int]] | None = None,
-    crowded: frozenset[NodeId] = frozenset(),
+    crowded: Callable[[NodeId], bool] = lambda n: False,
     home: frozenset[NodeId] = frozenset(),
 ) -> list[tuple[NodeId, tuple[int, ...]]] | None:
     """Nodes and GPUs for one replica in `free`: those offering the most `prefer`red GPUs (taken
@@ -93,7 +98,7 @@ def _pick(
 
     def key(n: NodeId) -> tuple[int, int, bool, bool, str]:
         preferred = min(len(want.get(n, set()).intersection(free[n])), shape.gpus)
-        return (-preferred, len(free[n]), n in home, n in crowded, n)
+        return (-preferred, len(free[n]), n in home, crowded(n), n)
 
     chosen = sorted(fits, key=key)[: shape.nodes]
     out = []
@@ -319,7 +324,7 @@ class _Planner:
             return n not in m.excluded and self.index.can_run(n, own)
 
         home = frozenset(n for n, _ in m.gpus)
-        return _pick(own, free, nodes, fits, crowded=m.crowded, home=home)
+        return _pick(own, free, nodes, fits, crowded=lambda n: m.crowded(n, home), home=home)
 
 
 def _placement(fabric: FabricId, got: Sequence[tuple[NodeId, tuple[int, ...]]]) -> Placement:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from llmgw_twin.control.model import FabricId, ModelName, NodeId, ProfileName, ReplicaId
+from llmgw_twin.control.model import FabricId, ModelName, NodeId, Profile, ProfileName, ReplicaId
 from llmgw_twin.control.placement import CapacityIndex, Placement, Unplaceable
 from llmgw_twin.control.replicas import ReplicaRecord, ReplicaTable
 from llmgw_twin.control.room import Demand, Shape
@@ -102,14 +102,33 @@ def _dry_run(
     per_fabric: dict[ModelName, dict[FabricId, int]] = {}
     per_node: dict[ModelName, dict[NodeId, int]] = {}
     plan: list[tuple[ReplicaRecord, Result]] = []
+    # what did not fit, while nothing has been booked since: the same profile on the same
+    # capacity, away from the same nodes, cannot fit either (spread and room only rank where
+    # it goes), and a registration storm's pending thousands are tried against it at once
+    unfit: dict[tuple[Profile, frozenset[NodeId]], Unplaceable] = {}
     try:
         for rec in todo:
             demand.take(Shape.of(rec.profile))
-            fabrics = per_fabric.setdefault(rec.model, dict(replicas.per_fabric(rec.model)))
-            nodes = per_node.setdefault(rec.model, dict(replicas.per_node(rec.model)))
-            result = capacity.place(rec.profile, fabrics, excluded(rec.profile.name), nodes, demand)
+            # copied once a model and pass (a deployment's replicas per node can be thousands)
+            fabrics = per_fabric.get(rec.model)
+            if fabrics is None:
+                fabrics = per_fabric[rec.model] = dict(replicas.per_fabric(rec.model))
+            nodes = per_node.get(rec.model)
+            if nodes is None:
+                nodes = per_node[rec.model] = dict(replicas.per_node(rec.model))
+            away = excluded(rec.profile.name)
+            ruled = rec.profile.topology.constrained  # rules may weigh spread: always asked
+            known = None if ruled else unfit.get((rec.profile, away))
+            if known is None:
+                result: Result = capacity.place(rec.profile, fabrics, away, nodes, demand)
+            else:
+                result = known
             plan.append((rec, result))
-            if isinstance(result, Placement):
+            if isinstance(result, Unplaceable):
+                if not ruled:
+                    unfit[rec.profile, away] = result
+            else:
+                unfit.clear()  # booked: what did not fit may now be elsewhere
                 for node, gpus in zip(result.nodes, result.gpus, strict=True):
                     capacity.book(node, gpus)
                     nodes[node] = nodes.get(node, 0) + 1
