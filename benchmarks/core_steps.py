@@ -173,7 +173,11 @@ def join(nodes: int) -> Timed:
         t0 = time.perf_counter()
         for i in order[first : first + JOIN_CHUNK]:
             info = NodeInfo(
-                NodeId(f"n{i:05d}"), FabricId(f"ib-{i // FABRIC_SIZE:03d}"), 8, 81920, ("sim",)
+                NodeId(f"n{i:05d}"),
+                FabricId(f"ib-{i // FABRIC_SIZE:03d}"),
+                8,
+                81920,
+                (WHOLE_NODE.engine,),
             )
             ctl.handle(NodeRegistered(info), now)
             ctl.handle(Heartbeat(info.node, ()), now)
