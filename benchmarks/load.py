@@ -393,9 +393,18 @@ class Load:
 
     async def histograms(self, client: httpx.AsyncClient) -> dict[str, dict[str, float]]:
         """The controller's histograms now: name (with its labels) -> bucket bound -> count,
-        plus `count` and `sum`."""
-        r = await client.get(self.base + "/metrics", headers=self.headers)
-        r.raise_for_status()
+        plus `count` and `sum`; empty when an overloaded controller did not answer (3 tries)."""
+        for _ in range(3):
+            try:
+                r = await client.get(self.base + "/metrics", headers=self.headers)
+            except httpx.HTTPError as e:
+                print(f"  reading the controller's /metrics failed: {e!r}")
+                continue
+            if r.status_code == 200:
+                break
+            print(f"  the controller's /metrics answered {r.status_code}")
+        else:
+            return {}
         out: dict[str, dict[str, float]] = {}
         for family in text_string_to_metric_families(r.text):
             if family.name not in HISTOGRAMS:
@@ -438,6 +447,9 @@ class Load:
     async def until_ready(self, client: httpx.AsyncClient, t_start: float) -> float | None:
         while time.monotonic() - t_start < self.args.ready_deadline:
             await asyncio.sleep(2.0)
+            if self.proc is not None and self.proc.poll() is not None:
+                print(f"  the controller exited ({self.proc.returncode}): see controller.log")
+                return None
             st = await self.state(client)
             ready = sum(1 for r in (st or {}).get("replicas", []) if r["state"] == "ready")
             print(f"  {time.monotonic() - t_start:6.1f}s ready {ready}/{self.n // 2}")
@@ -487,6 +499,13 @@ class Load:
             tasks = [asyncio.create_task(self.agent(a)) for a in self.agents.values()]
             tasks.append(asyncio.create_task(self.probe_own_loop()))
             ready_s = await self.until_ready(client, t_start)
+            if self.proc is not None and self.proc.poll() is not None:
+                log = (self.workdir / "controller.log").read_text(errors="replace")
+                last = [ln for ln in log.splitlines() if " CRITICAL " in ln or " ERROR " in ln]
+                raise SystemExit(
+                    f"the controller exited ({self.proc.returncode}) before every replica was "
+                    f"ready: {last[-1] if last else 'see its log'}"
+                )
             # this process's own collector stays out of the measured latencies: its heap of
             # 10,000 agents takes a full collection as long as the controller's would
             step(f"{self.n} nodes: {self.args.steady:g} s of steady state, measured")
@@ -531,7 +550,8 @@ class Load:
         for e in events:
             if e["kind"] == "node.lost":
                 node = e["subjects"]["node"]
-                if node in silenced:
+                # (a node that never got a heartbeat sent has no silence to measure from)
+                if node in silenced and self.agents[node].last_beat_ms > 0:
                     lost_by[node] = (e["t_ms"] - self.agents[node].last_beat_ms) / 1000
         quiet = set(silenced)
         false_suspect = {
@@ -640,7 +660,11 @@ def main() -> None:
     for n in (int(x) for x in args.nodes.split(",")):
         with tempfile.TemporaryDirectory(prefix="llmgw-load-") as tmp:
             print(f"{n} nodes:")
-            row = asyncio.run(Load(args, n, Path(tmp)).run())
+            load = Load(args, n, Path(tmp))
+            try:
+                row = asyncio.run(load.run())
+            finally:  # whatever ended the run, the controller and its neighbours go with it
+                load.stop_controller()
             print("  " + json.dumps(row))
             rows.append(row)
     print()
