@@ -11,32 +11,11 @@ import pytest
 
 from helpers.real_runs import marked
 from llmgw_twin.realmode.runner import run_real
-from llmgw_twin.twin.scenario.loader import load_scenario_text
+from llmgw_twin.twin.scenario.loader import load_scenario
 from llmgw_twin.twin.scenario.timescale import scale_scenario
 from llmgw_twin.twin.world.runner import run_scenario
 
-LIGHT = """name: light-slo
-seed: 2
-duration: 40s
-cluster:
-  fabrics:
-    ib-a: [node01]
-profiles:
-  p8b: {engine: sim, gpus_per_node: 1, load_time: 5s, model: /models/llama-3-8b}
-deployments:
-  - {model: llama-8b, profile: p8b, replicas: 1}
-engine_model:
-  p8b: {base: vllm/llama-3-8b/h100, max_batch: 16}
-traffic:
-  - model: llama-8b
-    rate: 3/s
-    arrivals: poisson
-    input_tokens: {uniform: [100, 800]}
-    output_tokens: {uniform: [20, 120]}
-expect:
-  - slo: {model: llama-8b, ttft_p99: 3s, e2e_p99: 10s}
-    within: [10s, 35s]
-"""
+LIGHT = Path(__file__).resolve().parents[1] / "scenarios" / "light-slo.yaml"
 
 
 @pytest.fixture
@@ -48,7 +27,7 @@ def own_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_a_modelled_engine_serves_and_is_timed_in_real_mode(own_tmp: Path) -> None:
     before = set(marked(own_tmp))
-    scenario = load_scenario_text(LIGHT, str(own_tmp / "light.yaml"))
+    scenario = load_scenario(LIGHT)
     result = run_real(scenario, time_scale=0.1)
     assert result.passed, [o.message for o in result.expectations if not o.passed]
     assert set(marked(own_tmp)) - before == set() and not result.left_running
