@@ -44,20 +44,21 @@ MAX_ROUTERS = 1_000
 MAX_MODELS = 1_000
 
 
+PerModel = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=128)], Annotated[int, Field(ge=0)]],
+    Field(max_length=MAX_MODELS),
+]
+"""A count per model name, as a router pushes them."""
+
+
 class LoadPushW(BaseModel):
     """A router's push: its id (any string it keeps for its life) and, per model, the requests
     outstanding at the model's replicas."""
 
     model_config = ConfigDict(extra="forbid")
     router: Annotated[str, StringConstraints(min_length=1, max_length=128)]
-    outstanding: Annotated[
-        dict[Annotated[str, StringConstraints(max_length=128)], Annotated[int, Field(ge=0)]],
-        Field(max_length=MAX_MODELS),
-    ]
-    held: Annotated[
-        dict[Annotated[str, StringConstraints(max_length=128)], Annotated[int, Field(ge=0)]],
-        Field(max_length=MAX_MODELS),
-    ] = {}
+    outstanding: PerModel
+    held: PerModel = {}
     """Requests the router holds for a model scaled to zero (`router/holding.py`)."""
 
 
@@ -74,18 +75,19 @@ class RouterLoads:
         while len(self._loads) > MAX_ROUTERS:
             del self._loads[next(iter(self._loads))]
 
-    def outstanding(self, model: str) -> int:
+    def _fresh(self) -> list[tuple[dict[str, int], dict[str, int]]]:
+        """Each router's outstanding and held counts, of the pushes that still count."""
         now = self._clock()
-        loads = self._loads.values()
-        return sum(load.get(model, 0) for at, load, _ in loads if now - at <= STALE_S)
+        return [(load, held) for at, load, held in self._loads.values() if now - at <= STALE_S]
+
+    def outstanding(self, model: str) -> int:
+        return sum(load.get(model, 0) for load, _ in self._fresh())
 
     def held(self, model: str) -> int:
-        now = self._clock()
-        return sum(h.get(model, 0) for at, _, h in self._loads.values() if now - at <= STALE_S)
+        return sum(held.get(model, 0) for _, held in self._fresh())
 
     def routers(self) -> int:
-        now = self._clock()
-        return sum(1 for at, _, _ in self._loads.values() if now - at <= STALE_S)
+        return len(self._fresh())
 
 
 def samples(

@@ -188,7 +188,7 @@ class Leadership:
             if not late:
                 await asyncio.sleep(times.renew_every_ms / 1000)
             started = time.monotonic()
-            late = (started - self._renewed) * 1000 >= times.step_down_after_ms
+            late = not self.may_act()
             if late:
                 log.warning(
                     "controller %s is past its lease deadline (%.1f s since its last renewal "
