@@ -348,10 +348,10 @@ def test_a_store_written_in_todays_row_format_loads_the_same_state(
         (
             "nodes",
             ("n9", '{"engines":[],"fabric":"f","gpu_memory_mib":0,"gpus":"8","node":"n9"}'),
-            "gpus: Input should be a valid integer",
+            "gpus: Expected `int`, got `str`",
         ),
-        ("deployments", ("m9", '{"model":"m9","profile":"p"}'), "replicas: Field required"),
-        ("profiles", ("p9", "{not json"), "Invalid JSON"),
+        ("deployments", ("m9", '{"model":"m9","profile":"p"}'), "replicas: required field missing"),
+        ("profiles", ("p9", "{not json"), "invalid JSON"),
     ],
 )
 def test_a_row_that_does_not_decode_is_a_store_error_naming_its_table_and_key(

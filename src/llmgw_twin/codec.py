@@ -1,9 +1,11 @@
 """One codec for the core's records: JSON-shaped data in and out, for the store and the wire.
 
-The core's frozen dataclasses are the only definition of a record's fields. pydantic's
-`TypeAdapter` reads those definitions (field names, types, defaults, `NewType` ids, `StrEnum`
-states, nested records), so adding a field to `ShardSpec` is one edit: the store's rows and the
-HTTP bodies follow.
+The core's frozen dataclasses are the only definition of a record's fields. msgspec reads those
+definitions (field names, types, defaults, `NewType` ids, `StrEnum` states, nested records), so
+adding a field to `ShardSpec` is one edit: the store's rows and the HTTP bodies follow. msgspec
+rather than pydantic (which the service's own HTTP models use): it loads in a few milliseconds and
+needs no schema built per record type, where pydantic cost a twin run a third of its start
+(`docs/performance.md`, "Start-up").
 
 Invariants:
 - `decode(cls, encode(x)) == x` for every record (tested on random records).
@@ -16,40 +18,34 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+import msgspec
 
 T = TypeVar("T")
 
 __all__ = ["CodecError", "decode", "dumps", "encode", "loads"]
 
+_JSON_DATA = msgspec.json.Decoder()
+
 
 class CodecError(ValueError):
-    """Data that does not decode to the record asked for; the message names each bad field."""
-
-
-_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
-
-
-def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
-    adapter = _ADAPTERS.get(cls)
-    if adapter is None:
-        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
-    return adapter
+    """Data that does not decode to the record asked for; the message names the bad field."""
 
 
 def encode(record: object) -> Any:
     """The record as JSON-shaped data: dicts, lists, strings, numbers, booleans, None."""
-    return _adapter(type(record)).dump_python(record, mode="json")
+    # through JSON text and back, so that sequences come out as lists, as JSON has them
+    return _JSON_DATA.decode(msgspec.json.encode(record))
 
 
 def decode(cls: type[T], data: Any) -> T:
     """`data` (as `encode` or `json.loads` made it) as a `cls` record."""
     try:
-        # strict JSON-mode validation: arrays become tuples, but "8" is not 8
-        out: T = _adapter(cls).validate_json(json.dumps(data), strict=True)
-    except ValidationError as err:
+        # strict: arrays become tuples, but "8" is not 8
+        out: T = msgspec.convert(data, cls, strict=True, str_keys=True)
+    except msgspec.ValidationError as err:
         raise CodecError(describe(err)) from err
     return out
 
@@ -61,14 +57,27 @@ def dumps(record: object) -> str:
 
 def loads(cls: type[T], text: str | bytes) -> T:
     try:
-        out: T = _adapter(cls).validate_json(text, strict=True)
-    except ValidationError as err:
+        out: T = msgspec.json.decode(text, type=cls, strict=True)
+    except msgspec.ValidationError as err:
         raise CodecError(describe(err)) from err
+    except msgspec.DecodeError as err:
+        raise CodecError(f"record: invalid JSON ({err})") from err
     return out
 
 
-def describe(err: ValidationError) -> str:
-    """One clause per bad field: `spec.gpus.0: Input should be a valid integer`."""
-    return "; ".join(
-        f"{'.'.join(str(x) for x in e['loc']) or 'record'}: {e['msg']}" for e in err.errors()
-    )
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+
+
+def describe(err: msgspec.ValidationError) -> str:
+    """The bad field and what is wrong with it: `spec.gpus.0: Expected `int`, got `str``, or
+    `fabric: required field missing`."""
+    found = _AT.match(str(err))
+    if found is None:  # pragma: no cover - msgspec's messages all match
+        return str(err)
+    msg, path = found["msg"], found["path"] or ""
+    parts = [x for x in re.split(r"[.\[\]]", path) if x]
+    if (missing := _MISSING.match(msg)) is not None:
+        parts.append(missing["field"])
+        msg = "required field missing"
+    return f"{'.'.join(parts) or 'record'}: {msg}"
