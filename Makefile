@@ -12,6 +12,9 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	# an editable install compiles no bytecode (a wheel's does); without it every run compiles
+	# each module it imports, where PYTHONDONTWRITEBYTECODE is set
+	$(BIN)/python -m compileall -q src >/dev/null
 	touch $@
 
 run: $(VENV)/.installed
