@@ -83,18 +83,8 @@ class ControllerProcess:
     def later(self, local_delay_ms: int, fn: Callable[[], None]) -> None:
         """Run `fn` after `local_delay_ms` of this process's time, if it is still the same
         process and leadership then; a timer due while stalled waits for the resume."""
-        generation = self.generation
-
-        def fire() -> None:
-            if generation != self.generation or not self.up:
-                return
-            if self.stalled_until is not None:
-                self._late.append(fire)
-                return
-            fn()
-
         delay = max(0, local_delay_ms if self._unskewed else ceil(local_delay_ms / self._rate))
-        self.group.world.later(delay, fire)
+        self.group.world.later(delay, _Timer(self, self.generation, fn))
 
     # --- life --------------------------------------------------------------------------------
 
@@ -233,3 +223,27 @@ class ControllerProcess:
         self.core = None
         self.generation += 1
         self.later(self.times.retry_every_ms, self._try_lead)
+
+
+class _Timer:
+    """A timer of one controller process (`ControllerProcess.later`): runs `fn` if the process
+    is the same one and up, or holds it until a stall ends. An object rather than a closure
+    that names itself: such a closure is a reference cycle, garbage only the cycle collector
+    frees, and a run makes one per timer (`twin/world/runner.py` runs with that collector
+    paused)."""
+
+    __slots__ = ("fn", "generation", "proc")
+
+    def __init__(self, proc: ControllerProcess, generation: int, fn: Callable[[], None]) -> None:
+        self.proc = proc
+        self.generation = generation
+        self.fn = fn
+
+    def __call__(self) -> None:
+        proc = self.proc
+        if self.generation != proc.generation or not proc.up:
+            return
+        if proc.stalled_until is not None:
+            proc._late.append(self)
+            return
+        self.fn()
