@@ -181,6 +181,11 @@ class Controller(ControllerViews):
         quiet = self._quiet_until_ms
         return quiet is None or quiet <= now_ms
 
+    def quiet_until_ms(self) -> int | None:
+        """The earliest deadline after the last reconcile, while nothing is under way (a
+        reconcile before it, no input having come, would change nothing); None: none known."""
+        return self._quiet_until_ms
+
     def reconcile_at_or_after(self, now_ms: int) -> int | None:
         """The first reconcile of the grid at or after `now_ms` (None before `start`): when a
         shell that told the core something outside `handle` (`land`) wakes it."""

@@ -74,6 +74,10 @@ class ControllerProcess:
             return self._base_local + world_ms - self._base_world
         return self._base_local + floor((world_ms - self._base_world) * self._rate)
 
+    @property
+    def unskewed(self) -> bool:
+        return self._unskewed
+
     def skew(self, rate: Fraction) -> None:
         self.group.world.heartbeats.land_all()  # what it heard so far, on its clock so far
         self._base_local, self._base_world = self.local(), self.group.world.now
