@@ -1,5 +1,5 @@
 """The topology in the services: an agent registers the leaf, spine and NVLink domain its
-onboarding config names (its inventory reads none), and the controller's config gives a
+onboarding config names (a fake root's inventory reads none), and the controller's config gives a
 profile its rules."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin.control.topology import NodeTopology, TopologyRules
-from llmgw_twin.service.agent.app import read_node_info
 from llmgw_twin.service.agent.config import ConfigError, load_agent_config
 from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
+from llmgw_twin.service.agent.node_info import read_node_info
 from llmgw_twin.service.controller.config import load_controller_config
 
 AGENT = (

@@ -256,7 +256,7 @@ class RealCluster:
                 "policy": {"model_dirs": models},
                 "credential": str(self._credential_path(info.node)),
             }
-            if info.topology is not None:  # the inventory reads none: the config names it
+            if info.topology is not None:  # a fake root tells none: the config names it
                 place = {
                     "leaf": info.topology.leaf,
                     "spine": info.topology.spine,

@@ -37,7 +37,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Annotated, Any, assert_never
 
 import httpx
@@ -59,6 +59,7 @@ from llmgw_twin.control.protocol import (
     StopShard,
 )
 from llmgw_twin.service.agent.config import AgentSettings
+from llmgw_twin.service.agent.node_info import read_node_info
 from llmgw_twin.service.agent.node_watch import NodeWatch, engines_on, poll_interval_ms
 from llmgw_twin.service.agent.shards import ShardRunner
 from llmgw_twin.service.common.auth import AgentKeys, CredentialFile
@@ -79,18 +80,6 @@ from llmgw_twin.service.common.wire import (
 )
 
 log = logging.getLogger("llmgw_twin.agent")
-
-
-def read_node_info(settings: AgentSettings) -> NodeInfo:
-    """The node as its inventory shows it under the configured root."""
-    from llmgw_twin.service.agent.inventory import read_inventory, to_node_info
-
-    inv = read_inventory(settings.root, fabric=settings.fabric, use_nvml=settings.use_nvml)
-    for warning in inv.warnings:
-        log.warning("inventory: %s", warning)
-    info = to_node_info(inv, settings.node, settings.gpu_memory_mib, settings.engine_names)
-    # the inventory reads no leaf or NVLink domain: the onboarding config names them
-    return info if settings.topology is None else replace(info, topology=settings.topology)
 
 
 def _detail(reply: httpx.Response) -> str:

@@ -5,6 +5,7 @@ simulated nodes on one machine, hand in a sysfs-shaped tree instead of the host'
 `<root>/sys/bus/pci/devices` for GPUs, `<root>/sys/class/infiniband` for ports. NVML (module
 `pynvml` from `nvidia-ml-py`) is asked only when the root is the host's own (`HOST_ROOT`): it
 describes the machine this process runs on and nothing else. It is imported lazily and optional.
+NVML also tells the multi-node NVLink domain the GPUs are in (`nvlink.py`); sysfs does not.
 
 Invariants:
 - Reading never raises over what it finds on disk or hears from NVML: a missing, unreadable or
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmgw_twin.control.model import ENGINES, EngineName, FabricId, NodeId, NodeInfo
+from llmgw_twin.control.topology import DomainId, NodeTopology
+from llmgw_twin.service.agent.nvlink import read_domain
 
 HOST_ROOT = Path("/")
 """The root that is this machine: only there does NVML describe the GPUs under the root."""
@@ -88,6 +91,9 @@ class Inventory:
     failed_gpus: tuple[int, ...] = ()
     """Indexes of GPUs that are there but do not answer (fallen off the bus): not in `gpus`,
     but counted, so every other GPU keeps its index."""
+    nvlink_domain: DomainId | None = None
+    """The multi-node NVLink domain all its GPUs are in, as NVML tells (`nvlink.py`); None
+    from sysfs, which does not tell."""
 
 
 def normalize_subnet_prefix(text: str) -> str:
@@ -133,7 +139,8 @@ def read_inventory(
     chosen = FabricId(fabric.strip()) if fabric is not None else _derive_fabric(reader, ports)
     source = source if gpus or failed else "none"
     warnings = tuple(reader.warnings)
-    return Inventory(tuple(gpus), tuple(ports), chosen, source, warnings, tuple(failed))
+    domain = reader.nvlink_domain if source == "nvml" else None
+    return Inventory(tuple(gpus), tuple(ports), chosen, source, warnings, tuple(failed), domain)
 
 
 def fabric_links_up(root: Path) -> bool | None:
@@ -170,7 +177,9 @@ def to_node_info(
     known = [g.memory_mib for g in inv.gpus if g.memory_mib is not None]
     memory = min(known) if known else gpu_memory_mib_default
     count = len(inv.gpus) + len(inv.failed_gpus)  # a failed GPU keeps its index, reported failed
-    return NodeInfo(NodeId(node), inv.fabric, count, memory, tuple(EngineName(e) for e in names))
+    engine_names = tuple(EngineName(e) for e in names)
+    topology = None if inv.nvlink_domain is None else NodeTopology(nvlink_domain=inv.nvlink_domain)
+    return NodeInfo(NodeId(node), inv.fabric, count, memory, engine_names, topology)
 
 
 class _Reader:
@@ -181,6 +190,9 @@ class _Reader:
         self.warnings: list[str] = []
         self.lost: list[int] = []
         """NVML indexes whose handle failed: counted, reported failed."""
+        self.handles: list[tuple[int, Any]] = []
+        """NVML's handle of each GPU that gave one, by index."""
+        self.nvlink_domain: DomainId | None = None
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -297,7 +309,10 @@ def _nvml_gpus(r: _Reader) -> list[GpuDevice] | None:
         r.warn(f"NVML not used: nvmlInit failed ({_describe(e)}); using sysfs")
         return None
     try:
-        return _nvml_devices(r, nvml)
+        gpus = _nvml_devices(r, nvml)
+        if gpus is not None:
+            r.nvlink_domain = read_domain(nvml, r.handles, r.warn)
+        return gpus
     finally:
         try:
             nvml.nvmlShutdown()
@@ -322,6 +337,7 @@ def _nvml_devices(r: _Reader, nvml: Any) -> list[GpuDevice] | None:
             r.warn(f"NVML GPU {index}: no handle ({_describe(e)}); left out")
             r.lost.append(index)
             continue
+        r.handles.append((index, handle))
         answers: dict[str, Any] = {}
         for what, call in (
             ("name", nvml.nvmlDeviceGetName),
