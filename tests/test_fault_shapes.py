@@ -330,15 +330,16 @@ def test_a_shape_seed_runs_clean() -> None:
 # --- real mode ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cut-fabric-link", "slow-node", "delay-heartbeats"])
+@pytest.mark.parametrize("name", ["slow-node", "delay-heartbeats"])
 def test_real_mode_refuses_the_shapes_it_has_no_means_for_and_says_why(name: str) -> None:
     with pytest.raises(ValueError, match="not supported in real mode yet: ") as got:
         check_real_supported(scenario(name))
     assert f"{name}.yaml:" in str(got.value)
 
 
-def test_real_mode_takes_an_added_node() -> None:
+def test_real_mode_takes_an_added_node_and_a_cut_link() -> None:
     check_real_supported(scenario("add-node"))
+    check_real_supported(scenario("cut-fabric-link"))  # tests/test_real_links.py
 
 
 def test_every_smaller_plan_the_shrinker_tries_of_a_shape_seed_loads() -> None:

@@ -29,15 +29,12 @@ from helpers.real_runs import marked
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSED = {
-    "cut-fabric-link": "one node's link cannot be cut alone yet",
     "slow-node": "a straggler runs in the twin only",
     "delay-heartbeats": "late heartbeats run in the twin only",
     "lost-timeout-tradeoff": "late heartbeats run in the twin only",
     "autoscale-diurnal": "the autoscaler runs in the twin only",
     "autoscale-from-zero": "the autoscaler runs in the twin only",
     "controller-clock-skew": "without a per-process clock (faketime)",
-    "leaf-down": "cuts each node's own fabric link",
-    "spine-down": "splits a fabric between groups of nodes",
 }
 """Files whose faults real mode has no means for yet: refused up front, exit 2, with the reason
 (`realmode/refusals.py`, `REFUSED`)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from llmgw_twin import __version__
 from llmgw_twin.control.model import ShardSpec
 from llmgw_twin.engines.base import (
+    ALL_INTERFACES,
     Launch,
     LaunchContext,
     LoadMetrics,
@@ -63,7 +64,11 @@ class SimAdapter:
             "--load-time-ms",
             str(spec.load_time_ms),
         ]
+        if spec.rank > 0 and ctx.bind_host != ALL_INTERFACES:
+            # its traffic leaves from the node's own address, as on a real network (real mode's
+            # fabric proxies tell by it which node dials: docs/real-mode.md)
+            argv += ["--source-host", ctx.bind_host]
         return http_leader_launch(spec, ctx, argv)
 
     def widest(self) -> tuple[Launch, ...]:
-        return widest_of(self, LaunchContext(leader_host="node01"))
+        return widest_of(self, LaunchContext(leader_host="node01", bind_host="10.0.0.2"))

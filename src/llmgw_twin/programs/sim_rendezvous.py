@@ -221,9 +221,19 @@ class WorkerLink:
 
 
 async def join(
-    host: str, port: int, *, rank: int, nnodes: int, model: str, deadline_s: float
+    host: str,
+    port: int,
+    *,
+    rank: int,
+    nnodes: int,
+    model: str,
+    deadline_s: float,
+    source_host: str | None = None,
 ) -> WorkerLink:
-    """Dial the leader and say hello until it answers or `deadline_s` (loop time) passes."""
+    """Dial the leader and say hello until it answers or `deadline_s` (loop time) passes; from
+    `source_host` when given (the node's own address, as its traffic leaves a real node: on one
+    machine's loopback it would leave from 127.0.0.1 whatever the node)."""
+    local = None if source_host is None else (source_host, 0)
     loop = asyncio.get_running_loop()
     delay = BACKOFF_FIRST_S
     attempts = 0
@@ -234,7 +244,9 @@ async def join(
         answer: dict[str, Any] | None = None
         writer: asyncio.StreamWriter | None = None
         try:
-            reader, writer = await asyncio.open_connection(host, port, limit=MAX_LINE_BYTES)
+            reader, writer = await asyncio.open_connection(
+                host, port, limit=MAX_LINE_BYTES, local_addr=local
+            )
             writer.write(hello)
             async with asyncio.timeout(max(HELLO_TIMEOUT_S, deadline_s - loop.time())):
                 await writer.drain()

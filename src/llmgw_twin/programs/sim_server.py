@@ -77,6 +77,8 @@ class EngineConfig:
     join_timeout_ms: int
     log_level: str
     perf_model: EnginePerf | None = None
+    source_host: str | None = None
+    """A worker's connection to its leader leaves from this address (None: the system's)."""
 
 
 def process_age_s() -> float:
@@ -143,6 +145,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="leader only: the address its rendezvous port binds (default: --rendezvous's host)",
     )
     parser.add_argument(
+        "--source-host",
+        metavar="HOST",
+        help="workers only: the address their connection to the leader leaves from (the "
+        "node's own; default: the system's choice)",
+    )
+    parser.add_argument(
         "--load-time-ms",
         type=_non_negative,
         default=0,
@@ -191,6 +199,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
         rank=args.node_rank,
         rendezvous=args.rendezvous,
         rendezvous_bind=args.rendezvous_bind,
+        source_host=args.source_host,
         load_time_ms=args.load_time_ms,
         host=args.host,
         port=args.port,
@@ -396,7 +405,7 @@ async def run_worker(cfg: EngineConfig) -> int:
         joining = tasks.add(
             "join",
             join(host, port, rank=cfg.rank, nnodes=cfg.nnodes, model=cfg.served_name,
-                 deadline_s=deadline),
+                 deadline_s=deadline, source_host=cfg.source_host),
         )  # fmt: skip
         tasks.add("stop", stop.wait())
         while True:

@@ -14,12 +14,21 @@ started meanwhile keeps dialling its leader, and joins when the links return).
 The InfiniBand ports go down with it: each node's sysfs-shaped root shows `1: DOWN`
 (`fakesysfs.set_port_state`), which its agent reads (`service/agent/node_watch.py`) and reports.
 
-Invariants: overlapping outages of one fabric end with the last (`down` and `up` count them);
-the proxies listen on this run's own addresses only, and `close` ends all of them.
+One node's link (`cut_fabric_link`, and each node under a leaf that is down) and a spine's split
+are cut at the same proxies, by who dials: a sim engine's worker dials its leader from its
+node's engine address (`--source-host`), so the proxy in front of a node's port knows the
+dialling node by the connection's source address and admits it only while the two reach each
+other (`reaches`): neither one's link down, and on one side of every split. A node whose link
+is down shows its ports `DOWN` as in a fabric outage; a split leaves every port up.
+
+Invariants: overlapping outages of one fabric, of one node's link and of one spine end with the
+last (`down` and `up`, `cut_link` and `heal_link`, `split` and `join_split` count them); the
+proxies listen on this run's own addresses only, and `close` ends all of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from llmgw_twin.control.model import RENDEZVOUS_PORT_BASE, FabricId, NodeId
@@ -57,6 +66,11 @@ class RealFabrics:
         """Where peers reach each node's engines: its fabric address when it has proxies."""
         self.proxies: dict[FabricId, list[CuttableProxy]] = {}
         self._downs: dict[FabricId, int] = {}
+        self._node_at = {address: node for node, address in engine_addresses.items()}
+        self._link_cuts: dict[NodeId, int] = {}
+        self._severed: set[NodeId] = set()
+        self._splits: dict[str, tuple[int, dict[NodeId, str]]] = {}
+        self._island: dict[NodeId, str] = {}
         for i, info in enumerate(scenario.all_nodes):
             fabric_nodes = dict(scenario.all_fabrics)[info.fabric]
             if self._bases and len(fabric_nodes) > 1 and info.gpus > 0:
@@ -70,7 +84,10 @@ class RealFabrics:
             for base in self._bases:
                 for g in range(info.gpus):
                     proxy = CuttableProxy(
-                        self.engine_addresses[info.node], base + g, refuse_when_cut=True
+                        self.engine_addresses[info.node],
+                        base + g,
+                        refuse_when_cut=True,
+                        admit=self._admits(info.node),
                     )
                     await proxy.start(address, base + g)
                     self.proxies.setdefault(info.fabric, []).append(proxy)
@@ -101,8 +118,8 @@ class RealFabrics:
     def set_ports(self, fabric: FabricId, up: bool) -> None:
         """Every node of the fabric shows its InfiniBand ports down, or up again."""
         for node, f in sorted(self.fabric_of.items()):
-            if f == fabric:
-                set_port_state(self.roots[node], up)
+            if f == fabric and not (up and self._link_cuts.get(node)):
+                set_port_state(self.roots[node], up)  # (a node's own link outage outlasts it)
 
     def cut(self, fabric: FabricId) -> None:
         for proxy in self.proxies.get(fabric, []):
@@ -111,6 +128,81 @@ class RealFabrics:
     def heal(self, fabric: FabricId) -> None:
         for proxy in self.proxies.get(fabric, []):
             proxy.heal()
+
+    # --- one node's link, a spine's split -----------------------------------------------------
+
+    def reaches(self, a: NodeId, b: NodeId) -> bool:
+        """Whether `a`'s traffic reaches `b` over their fabric (a fabric outage aside)."""
+        if a in self._severed or b in self._severed:
+            return False
+        return not self._island or self._island.get(a, "") == self._island.get(b, "")
+
+    def _admits(self, target: NodeId) -> Callable[[str], bool]:
+        def admit(source: str) -> bool:
+            dialler = self._node_at.get(source)
+            # a source that is no node of this run (127.0.0.1: an engine that binds no source
+            # address) is admitted: only a fabric outage cuts it
+            return dialler is None or self.reaches(dialler, target)
+
+        return admit
+
+    def _enforce(self) -> None:
+        for proxies in self.proxies.values():
+            for proxy in proxies:
+                proxy.enforce()
+
+    def cut_link(self, node: NodeId) -> bool:
+        """The node's own fabric link goes down: its ports show it (`sever` then parts it from
+        its peers); True when it was up until now."""
+        self._link_cuts[node] = self._link_cuts.get(node, 0) + 1
+        if self._link_cuts[node] > 1:
+            return False
+        set_port_state(self.roots[node], False)
+        return True
+
+    def sever(self, node: NodeId) -> None:
+        """No peer reaches the node nor it them: open peer connections closed, new refused."""
+        self._severed.add(node)
+        self._enforce()
+
+    def heal_link(self, node: NodeId) -> bool:
+        """An outage of the node's link ends; True when its link is back (the last one ended;
+        its ports show up unless its whole fabric is down)."""
+        self._link_cuts[node] -= 1
+        if self._link_cuts[node]:
+            return False
+        del self._link_cuts[node]
+        self._severed.discard(node)
+        if not self.is_down(self.fabric_of[node]):
+            set_port_state(self.roots[node], True)
+        return True
+
+    def link_down(self, node: NodeId) -> bool:
+        return bool(self._link_cuts.get(node))
+
+    def split(self, spine: str, island_of: dict[NodeId, str]) -> None:
+        """A spine is down: each node of `island_of` reaches only the nodes of its own island
+        (its leaf), and the connections across are closed."""
+        count = self._splits.get(spine, (0, island_of))[0]
+        self._splits[spine] = (count + 1, island_of)
+        self._islands()
+        self._enforce()
+
+    def join_split(self, spine: str) -> None:
+        """An outage of the spine ends: with the last, its leaves reach the rest again."""
+        count, island_of = self._splits[spine]
+        if count > 1:
+            self._splits[spine] = (count - 1, island_of)
+            return
+        del self._splits[spine]
+        self._islands()
+
+    def _islands(self) -> None:
+        self._island = {
+            node: f"{spine}/{leaf}"
+            for spine, (_, island_of) in sorted(self._splits.items())
+            for node, leaf in island_of.items()
+        }
 
     async def close(self) -> None:
         for proxies in self.proxies.values():

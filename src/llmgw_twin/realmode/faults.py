@@ -18,11 +18,11 @@ from typing import assert_never
 
 import httpx
 
-from llmgw_twin.control.model import FabricId, ModelName, NodeId, TraceEvent
+from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.controllers import RealControllers
+from llmgw_twin.realmode.links import LinkFaults
 from llmgw_twin.realmode.procs import children_groups
-from llmgw_twin.service.agent.node_watch import poll_interval_ms
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
     AddNode,
@@ -64,8 +64,6 @@ POLL_S = 0.1
 """How often an operator's call that did not land is tried again."""
 BOOT_LEAD_S = 3.0
 """How long before a `restart_node` its agent process is started (`boot_ahead`)."""
-LINK_POLL_S = 0.05
-"""How often a fabric outage asks the controller whether the links-down reports arrived."""
 
 
 class RealFaults:
@@ -90,6 +88,9 @@ class RealFaults:
         self._tasks: set[asyncio.Task[None]] = set()
         self._booted: set[int] = set()
         """The `restart_node` faults whose agent `boot_ahead` starts."""
+        self._links = LinkFaults(
+            cluster, scenario, progress, lambda n: bool(self._cuts.get(n)), self._cut
+        )
 
     def boot_ahead(self, t0: float) -> None:
         """Start ahead the processes that a fault brings up, each serving from its instant:
@@ -179,9 +180,9 @@ class RealFaults:
 
     def cancel(self) -> None:
         """The run is over: what was still to come of its faults does not happen."""
-        for handle in self._pending:
+        for handle in (*self._pending, *self._links.pending):
             handle.cancel()
-        for task in list(self._tasks):
+        for task in (*self._tasks, *self._links.tasks):
             task.cancel()
 
     async def inject(self, fault: Fault, client: httpx.AsyncClient) -> None:
@@ -227,14 +228,8 @@ class RealFaults:
             case FailGpu(node=node, gpu=gpu):
                 # the hardware's part; the node's agent sees it, reports it and kills the engine
                 cluster.fail_gpu(node, gpu)
-            case FabricDown(fabric=fabric, for_ms=for_ms):
-                task = asyncio.create_task(self._fabric_down(client, fabric))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                restore = asyncio.get_running_loop().call_later(
-                    for_ms / 1000, self._fabric_up, fabric
-                )
-                self._pending.append(restore)
+            case FabricDown() | CutFabricLink() | LeafDown() | SpineDown():
+                self._links.inject(client, fault.action)
             case RestartAgent(node=node, down_for_ms=down_for_ms):
                 await asyncio.to_thread(self._kill_agent, node)
                 # loaded now, serving from the end of the outage (as a controller restart)
@@ -246,8 +241,7 @@ class RealFaults:
             case (
                 (KillController() | StallController() | PartitionController() | StoreDown())
                 | ClockSkew()
-                | (CutFabricLink() | SlowNode() | DelayHeartbeats())
-                | (LeafDown() | SpineDown() | NvlinkDegraded())
+                | (SlowNode() | DelayHeartbeats() | NvlinkDegraded())
             ):
                 raise AssertionError("refused up front (check_real_supported)")
             case _:
@@ -384,46 +378,3 @@ class RealFaults:
                         if r == replica and k == 0 and leader not in self.cluster.hung:
                             self.cluster.hang(leader)
             return
-
-    # --- fabric outages ----------------------------------------------------------------------
-
-    async def _fabric_down(self, client: httpx.AsyncClient, fabric: FabricId) -> None:
-        """The links fail: the ports go down on every node, whose agents report it (awaited,
-        bounded: the twin delivers the link state before the peers are lost), then the peer
-        links are cut."""
-        fabrics = self.cluster.fabrics
-        assert fabrics is not None
-        if not fabrics.down(fabric):
-            return  # down already: the outage lasts until the last one ends
-        fabrics.set_ports(fabric, up=False)
-        await self._links_reported(client, fabric)
-        if fabrics.is_down(fabric):
-            fabrics.cut(fabric)
-
-    async def _links_reported(self, client: httpx.AsyncClient, fabric: FabricId) -> None:
-        """Until the controller shows the links down of every node of the fabric whose agent
-        runs and reaches it, or a few of the agents' reads have passed."""
-        loop = asyncio.get_running_loop()
-        reads_s = poll_interval_ms(self.scenario.timings.heartbeat_interval_ms) / 1000
-        deadline = loop.time() + 3 * reads_s + 1.0
-        members = dict(self.scenario.all_fabrics)[fabric]
-        nodes = {
-            n for n in members if self.cluster.nodes[n].proc is not None and not self._cuts.get(n)
-        }
-        url = f"{self.cluster.controller_url}/v1/admin/state"
-        while loop.time() < deadline:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                r = await client.get(url)
-                if r.status_code == 200:
-                    up = {n["node"] for n in r.json()["nodes"] if n.get("fabric_link_up", True)}
-                    if not nodes & up:
-                        return
-            await asyncio.sleep(LINK_POLL_S)
-        self.progress(f"{fabric}: not every agent had reported its links down; cut anyway")
-
-    def _fabric_up(self, fabric: FabricId) -> None:
-        fabrics = self.cluster.fabrics
-        assert fabrics is not None
-        if fabrics.up(fabric):  # overlapping outages: the links come back with the last
-            fabrics.heal(fabric)
-            fabrics.set_ports(fabric, up=True)

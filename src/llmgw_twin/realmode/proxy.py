@@ -10,22 +10,36 @@ dialling in retries, as it would over a link that is down) instead of accepted a
 heal listens again on the same address and port. The fabric between nodes' engines is cut that
 way (`cluster.py`): a worker started during the outage keeps dialling its leader and joins once
 the links are back.
+
+With `admit`, a proxy asks it of each connection's source address as it is accepted, and
+`enforce` closes the open ones it no longer admits: the fabric proxies refuse a peer whose own
+link is down, or one across a spine's split (`fabric.py`), telling the dialling node by the
+address its traffic leaves from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 CHUNK = 65536
 
 
 class CuttableProxy:
     def __init__(
-        self, target_host: str, target_port: int, *, refuse_when_cut: bool = False
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        refuse_when_cut: bool = False,
+        admit: Callable[[str], bool] | None = None,
     ) -> None:
         self.target = (target_host, target_port)
         self.refuse_when_cut = refuse_when_cut
+        self.admit = admit
+        self._sources: dict[asyncio.StreamWriter, tuple[str, asyncio.StreamWriter]] = {}
+        """Each open connection's client side: its source address and its upstream side."""
         self.cut_now = False
         self._server: asyncio.Server | None = None
         self._servers: list[asyncio.Server] = []
@@ -85,8 +99,19 @@ class CuttableProxy:
             else:
                 self._server = server
 
+    def enforce(self) -> None:
+        """Close every open connection whose source `admit` no longer admits."""
+        if self.admit is None:
+            return
+        for writer, (source, up_writer) in list(self._sources.items()):
+            if not self.admit(source):
+                writer.close()
+                up_writer.close()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.cut_now:
+        peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if self.cut_now or (self.admit is not None and not self.admit(source)):
             writer.close()
             return
         try:
@@ -94,7 +119,12 @@ class CuttableProxy:
         except OSError:
             writer.close()
             return
+        if self.cut_now or (self.admit is not None and not self.admit(source)):
+            writer.close()  # cut, or refused, while it dialled upstream
+            up_writer.close()
+            return
         self._open.update((writer, up_writer))
+        self._sources[writer] = (source, up_writer)
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -105,6 +135,7 @@ class CuttableProxy:
         finally:
             if task is not None:
                 self._tasks.discard(task)
+            self._sources.pop(writer, None)
             for w in (writer, up_writer):
                 self._open.discard(w)
                 w.close()

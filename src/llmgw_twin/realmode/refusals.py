@@ -60,6 +60,9 @@ SUPPORTED = (
     KillController,
     StallController,
     NvlinkDomainDown,
+    CutFabricLink,
+    LeafDown,
+    SpineDown,
 )
 
 
@@ -80,11 +83,6 @@ REFUSED: dict[type, str] = {
         "time is that machine's, so one controller's clock cannot run fast or slow without a "
         "per-process clock (faketime), which real mode does not use (the twin models it)"
     ),
-    CutFabricLink: (
-        "real mode's fabric model cuts a whole fabric: its proxies stand in front of the ports "
-        "a node listens on, and a connection the node dials out to a peer passes no proxy of "
-        "its own, so one node's link cannot be cut alone yet (the twin models it)"
-    ),
     SlowNode: (
         "the sim engine takes its load time as a flag at start and has no pace to change while "
         "it runs, so a straggler runs in the twin only"
@@ -93,15 +91,6 @@ REFUSED: dict[type, str] = {
         "the proxy between an agent and the controller cuts (a partition) but does not hold "
         "messages back, so late heartbeats run in the twin only"
     ),
-    LeafDown: (
-        "a leaf switch down cuts each node's own fabric link, and real mode's fabric model cuts "
-        "a whole fabric only (its proxies stand in front of the ports a node listens on), so it "
-        "runs in the twin only"
-    ),
-    SpineDown: (
-        "a spine down splits a fabric between groups of nodes, and real mode's fabric proxies "
-        "cut a whole fabric only, so it runs in the twin only"
-    ),
     NvlinkDegraded: (
         "a degraded NVLink makes a node's engines slower, and the sim engine takes its load time "
         "as a flag at start with no pace to change while it runs (as slow_node), so it runs in "
@@ -109,6 +98,14 @@ REFUSED: dict[type, str] = {
     ),
 }
 """Why a fault the twin models is refused up front here."""
+BY_DIALLER_REFUSED = (
+    "one node's link and a spine's split are cut at the fabric proxies by who dials, known by "
+    "the address a connection leaves from, and only the sim engine's workers dial from their "
+    "node's own address (`--source-host`); llama.cpp's and vLLM's leave from 127.0.0.1 on one "
+    "machine, so a fault that parts some nodes of a fabric and not others needs every "
+    "multi-node profile on the sim engine"
+)
+
 DOMAIN_BACK_REFUSED = (
     "nvlink_domain_down with `for` boots the nodes again, which real mode does only with a "
     "restart_node fault per node: write those instead"
@@ -176,6 +173,13 @@ def check_real_supported(scenario: Scenario) -> None:
             raise ValueError(
                 f"{scenario.path}:{fault.line}: this fault (nvlink_domain_down) is not supported "
                 f"in real mode yet: {DOMAIN_BACK_REFUSED}"
+            )
+        by_dialler = isinstance(fault.action, (CutFabricLink, LeafDown, SpineDown))
+        if by_dialler and any(p.nodes > 1 and p.engine != "sim" for p in scenario.profiles):
+            action = fault_subjects(fault)["action"]
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
+                f"mode with these profiles: {BY_DIALLER_REFUSED}"
             )
         if not isinstance(fault.action, SUPPORTED):
             action = fault_subjects(fault)["action"]

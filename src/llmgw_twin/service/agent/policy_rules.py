@@ -238,7 +238,9 @@ RPC_SERVER = ProgramRules(
 SIM = ProgramRules(
     paths={},
     held=_held(
-        AGENT, "--host", "--port", "--rendezvous", "--rendezvous-bind", "--nnodes", "--node-rank"
+        AGENT,
+        *("--host", "--port", "--rendezvous", "--rendezvous-bind", "--source-host"),
+        *("--nnodes", "--node-rank"),
     ),
     checks_model_path=False,
 )
