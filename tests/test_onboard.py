@@ -26,6 +26,7 @@ import pytest
 from helpers.services import free_ports, free_range, wait_sync
 from llmgw_twin.cli import main
 from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.control.topology import NodeTopology
 from llmgw_twin.realmode.report import fidelity_table, timeline
 from llmgw_twin.realmode.runner import RealResult
 from llmgw_twin.service.agent.config import load_agent_config
@@ -231,6 +232,22 @@ def test_existing_files_are_kept_unless_force(
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
 
 
+def test_the_topology_named_goes_into_the_config_as_the_agent_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "no-engines"))
+    out = tmp_path / "out"
+    base = ("node01", "--out", str(out), "--fake-gpus", "2", "--fabric", "ib-a")
+    assert onboard(*base, "--leaf", "leaf-1", "--spine", "spine-1", "--nvlink-domain", "nvl-3") == 0
+    settings = load_agent_config(out / "node01.yaml")
+    assert settings.topology == NodeTopology("leaf-1", "spine-1", "nvl-3")  # type: ignore[arg-type]
+    assert onboard(*base, "--leaf", "leaf-2", "--force") == 0
+    settings = load_agent_config(out / "node01.yaml")
+    assert settings.topology == NodeTopology(leaf="leaf-2")  # type: ignore[arg-type]
+    assert onboard(*base, "--force") == 0
+    assert load_agent_config(out / "node01.yaml").topology is None
+
+
 def test_an_engine_on_path_is_found_and_advertised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -325,6 +342,8 @@ def test_the_units_parse_and_name_the_installed_command(
         (("--sim-only", "--engine", "vllm=/bin/sh"), "--sim-only"),
         (("--token-file", "admin.token"), "name the --controller too"),
         (("--user", "no body"), "not a user name"),
+        (("--spine", "s1"), "--spine needs --leaf"),
+        (("--leaf", "leaf 1"), "--leaf 'leaf 1': letters, digits"),
         # the project's own config reader: an agent off loopback needs a credential
         (("--listen", "10.0.0.5:8101"), "listen.host: 10.0.0.5 is not a loopback address"),
     ],

@@ -35,6 +35,7 @@ from llmgw_twin.service.agent.config import AgentSettings, load_agent_config
 from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, write_sysfs_root
 from llmgw_twin.service.agent.inventory import read_inventory, to_node_info
 from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.common.wire import NAME_PATTERN
 from llmgw_twin.service.ops import ctl
 from llmgw_twin.service.ops.onboard_files import (
     AgentPlan,
@@ -84,6 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer", action="append", default=[], metavar="NODE=ADDR")
     p.add_argument("--ports", default=DEFAULT_PORTS, metavar="FIRST-LAST")
     p.add_argument("--fabric", help="the node's fabric, overriding the one its ports show")
+    p.add_argument("--leaf", help="the node's leaf switch (docs/topology.md)")
+    p.add_argument("--spine", help="its leaf's spine switch")
+    p.add_argument("--nvlink-domain", help="its NVLink domain (default: what NVML tells)")
     p.add_argument("--fake-gpus", type=int, metavar="N", help="a fake sysfs root with N GPUs")
     p.add_argument("--gpu-memory", default="80GiB", help="per GPU, when the node cannot say")
     p.add_argument("--engine", action="append", default=[], metavar="ENGINE=PATH")
@@ -265,6 +269,7 @@ def plan_for(
         allow_plaintext=args.allow_plaintext,
         fake_gpus=args.fake_gpus,
         fabric=args.fabric,
+        topology=_topology(args),
         gpu_memory=args.gpu_memory,
         peers=tuple(_peers(args.peer, args.node, args.engine_host or host)),
         log_dir=_abs(args.log_dir) if args.log_dir is not None else None,
@@ -272,6 +277,22 @@ def plan_for(
         sim_only=next((n for n in notes if n.endswith(SIM_ONLY)), None),
         model_dirs=tuple(_abs(d) for d in args.model_dir),
     )
+
+
+def _topology(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """Where the node sits, as the agent config's `topology:` names it: the levels given."""
+    levels = (("leaf", args.leaf), ("spine", args.spine), ("nvlink_domain", args.nvlink_domain))
+    out = []
+    for key, value in levels:
+        if value is None:
+            continue
+        if len(value) > 128 or re.fullmatch(NAME_PATTERN, value) is None:
+            flag = "--" + key.replace("_", "-")
+            raise OnboardError(f"{flag} {value!r}: letters, digits, '.', '_' and '-' only")
+        out.append((key, value))
+    if args.spine is not None and args.leaf is None:
+        raise OnboardError("--spine needs --leaf: a spine is the spine of the node's leaf")
+    return tuple(out)
 
 
 def _peers(items: list[str], node: str, engine_host: str) -> list[tuple[str, str]]:

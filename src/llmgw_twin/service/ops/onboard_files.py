@@ -62,6 +62,8 @@ class AgentPlan:
     allow_plaintext: bool = False
     fake_gpus: int | None = None
     fabric: str | None = None
+    topology: tuple[tuple[str, str], ...] = ()
+    """(level, name) of the levels named: leaf, spine, nvlink_domain."""
     gpu_memory: str = "80GiB"
     peers: tuple[tuple[str, str], ...] = ()
     log_dir: str | None = None
@@ -106,6 +108,9 @@ def agent_config(plan: AgentPlan) -> str:
         )
     if plan.fabric is not None:
         lines.append(f"fabric: {_y(plan.fabric)}")
+    if plan.topology:
+        named = ", ".join(f"{k}: {_y(v)}" for k, v in plan.topology)
+        lines.append(f"topology: {{{named}}}   # docs/topology.md")
     lines.append(f"gpu_memory: {_y(plan.gpu_memory)}")
     lines.append(f"engine_host: {_y(plan.engine_host)}")
     if plan.peers:
