@@ -46,7 +46,7 @@ test: lint llama-server chromium postgresql dist-check
 	$(BIN)/llmgw-twin run -q scenarios/*.yaml
 	$(BIN)/pytest -q -n 2
 
-# every scenario file on real processes with the twin's decisions, two at a time (~10 min)
+# every scenario file on real processes with the twin's decisions, two at a time (33 min on a 2-core machine)
 test-real: $(VENV)/.installed
 	$(BIN)/pytest -q -m real_suite -n 2 tests/test_real_suite.py
 

@@ -1,8 +1,9 @@
 """Every scenario file on real processes: `llmgw-twin run --real --compare` at time scale 0.1
 passes, with the twin's control decisions, and leaves no process of its own behind.
 
-This is the whole suite in real mode, about ten minutes of wall time with two workers, so it is
-not part of the default run (`-m "not real_suite"` in the project's pytest options); run it with
+This is the whole suite in real mode, about half an hour of wall time with two workers on two
+cores, so it is not part of the default run (`-m "not real_suite"` in the project's pytest
+options); run it with
 
     make test-real        (= pytest -m real_suite -n 2)
 
