@@ -36,6 +36,7 @@ from llmgw_twin.engines.llamacpp import RPC_PORT_BASE
 from llmgw_twin.realmode.proxy import CuttableProxy
 from llmgw_twin.service.agent.fakesysfs import set_port_state
 from llmgw_twin.twin.scenario.model import Scenario
+from llmgw_twin.twin.world.network import SpineSplits
 
 
 def fabric_address(run_slot: int, index: int) -> str:
@@ -69,8 +70,7 @@ class RealFabrics:
         self._node_at = {address: node for node, address in engine_addresses.items()}
         self._link_cuts: dict[NodeId, int] = {}
         self._severed: set[NodeId] = set()
-        self._splits: dict[str, tuple[int, dict[NodeId, str]]] = {}
-        self._island: dict[NodeId, str] = {}
+        self._splits = SpineSplits()
         for i, info in enumerate(scenario.all_nodes):
             fabric_nodes = dict(scenario.all_fabrics)[info.fabric]
             if self._bases and len(fabric_nodes) > 1 and info.gpus > 0:
@@ -135,7 +135,7 @@ class RealFabrics:
         """Whether `a`'s traffic reaches `b` over their fabric (a fabric outage aside)."""
         if a in self._severed or b in self._severed:
             return False
-        return not self._island or self._island.get(a, "") == self._island.get(b, "")
+        return not self._splits.apart(a, b)
 
     def _admits(self, target: NodeId) -> Callable[[str], bool]:
         def admit(source: str) -> bool:
@@ -183,26 +183,12 @@ class RealFabrics:
     def split(self, spine: str, island_of: dict[NodeId, str]) -> None:
         """A spine is down: each node of `island_of` reaches only the nodes of its own island
         (its leaf), and the connections across are closed."""
-        count = self._splits.get(spine, (0, island_of))[0]
-        self._splits[spine] = (count + 1, island_of)
-        self._islands()
+        self._splits.split(spine, island_of)
         self._enforce()
 
     def join_split(self, spine: str) -> None:
         """An outage of the spine ends: with the last, its leaves reach the rest again."""
-        count, island_of = self._splits[spine]
-        if count > 1:
-            self._splits[spine] = (count - 1, island_of)
-            return
-        del self._splits[spine]
-        self._islands()
-
-    def _islands(self) -> None:
-        self._island = {
-            node: f"{spine}/{leaf}"
-            for spine, (_, island_of) in sorted(self._splits.items())
-            for node, leaf in island_of.items()
-        }
+        self._splits.join(spine)
 
     async def close(self) -> None:
         for proxies in self.proxies.values():

@@ -34,11 +34,8 @@ class Network:
         """Nodes whose own fabric link is cut (`cut_fabric_link`), by outages still running."""
         self._down: set[FabricId] = set()
         """Fabrics whose links are all down (`fabric_down`)."""
-        self._splits: dict[str, tuple[int, dict[NodeId, str]]] = {}
-        """Spines down (`spine_down`): outages running, and the leaf each node under it is left
-        with."""
-        self._island: dict[NodeId, str] = {}
-        """Nodes cut off by a spine down: the island (spine and leaf) they still reach."""
+        self.splits = SpineSplits()
+        """Spines down (`spine_down`)."""
 
     def fabric_of(self, node: NodeId) -> FabricId:
         return self._fabric_of[node]
@@ -54,7 +51,7 @@ class Network:
         fabric = self._fabric_of[a]
         if self._fabric_of[b] != fabric:
             return None  # fabrics are separate networks
-        if self._island and self._island.get(a, "") != self._island.get(b, ""):
+        if self.splits.apart(a, b):
             return None  # a spine down split the fabric between them
         if a == b:
             return 0
@@ -105,13 +102,35 @@ class Network:
         return True
 
     def split(self, spine: str, leaf_of: dict[NodeId, str]) -> None:
+        self.splits.split(spine, leaf_of)
+
+    def join_split(self, spine: str) -> None:
+        self.splits.join(spine)
+
+
+class SpineSplits:
+    """The spines down in a fabric (`spine_down`), counted: each node under one of them reaches
+    only the nodes of its own leaf, the rest of the fabric stays joined. The twin's network and
+    real mode's fabric proxies (`realmode/fabric.py`) both ask it."""
+
+    def __init__(self) -> None:
+        self._splits: dict[str, tuple[int, dict[NodeId, str]]] = {}
+        """Outages running per spine, and the leaf each node under it is left with."""
+        self._island: dict[NodeId, str] = {}
+        """Nodes cut off by a spine down: the island (spine and leaf) they still reach."""
+
+    def apart(self, a: NodeId, b: NodeId) -> bool:
+        """A split stands between the two nodes."""
+        return bool(self._island) and self._island.get(a, "") != self._island.get(b, "")
+
+    def split(self, spine: str, leaf_of: dict[NodeId, str]) -> None:
         """A spine is down: each node of `leaf_of` reaches only the nodes of its own leaf (a
         spine down again while down changes nothing more)."""
         count = self._splits.get(spine, (0, leaf_of))[0]
         self._splits[spine] = (count + 1, leaf_of)
         self._islands()
 
-    def join_split(self, spine: str) -> None:
+    def join(self, spine: str) -> None:
         """An outage of the spine ends: with the last, its leaves reach the rest again."""
         count, leaf_of = self._splits[spine]
         if count > 1:
