@@ -218,7 +218,11 @@ def test_requests_on_a_replica_that_dies_under_them_fail_in_flight() -> None:
     waiting = sum(
         1 for t in range(0, 121) if t * 1_000 < ready[0] or 60_000 <= t * 1_000 < ready[1]
     )
-    assert c["failed"] == c["failed_no_replica"] == 20 + waiting
+    # a request arriving in the very millisecond its replica becomes ready finds it or not, as
+    # the order of that instant's events has it (the reconcile's relay, `reconciles.py`)
+    tied = sum(1 for t in range(0, 121) if t * 1_000 in ready)
+    assert c["failed"] == c["failed_no_replica"]
+    assert 20 + waiting <= c["failed"] <= 20 + waiting + tied
 
 
 def test_routes_to_ready_catches_a_router_that_keeps_a_dead_replica(

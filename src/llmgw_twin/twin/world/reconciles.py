@@ -15,9 +15,11 @@ instant. An input that changes something brings the chain forward to the next in
 grid, this one if it has not reconciled yet (`_soon`). A process whose clock is skewed keeps a
 relay on every instant (its timers' rounding is per relay). A skipped reconcile is one that
 would have changed nothing; what moves is where a relay falls among the events of its
-millisecond (an input landing on an instant of the grid is reconciled in that instant), which
-changed the trace of 1 of 300 fuzzed seeds (two standbys claiming a lease in one millisecond)
-and of no scenario file.
+millisecond (an input landing on an instant of the grid is reconciled in that instant; a relay
+brought forward comes after what was already due in its instant), which changed the trace of 1
+of 300 fuzzed seeds (two standbys claiming a lease in one millisecond) and of no scenario file,
+and whether a request arriving in the very millisecond its replica becomes ready finds it
+(`tests/test_twin_traffic.py`).
 """
 
 from __future__ import annotations
