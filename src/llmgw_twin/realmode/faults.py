@@ -89,7 +89,13 @@ class RealFaults:
         self._booted: set[int] = set()
         """The `restart_node` faults whose agent `boot_ahead` starts."""
         self._links = LinkFaults(
-            cluster, scenario, progress, lambda n: bool(self._cuts.get(n)), self._cut
+            cluster,
+            scenario,
+            progress,
+            lambda n: bool(self._cuts.get(n)),
+            self._cut,
+            self._tasks,
+            self._pending,
         )
 
     def boot_ahead(self, t0: float) -> None:
@@ -180,9 +186,9 @@ class RealFaults:
 
     def cancel(self) -> None:
         """The run is over: what was still to come of its faults does not happen."""
-        for handle in (*self._pending, *self._links.pending):
+        for handle in self._pending:
             handle.cancel()
-        for task in (*self._tasks, *self._links.tasks):
+        for task in list(self._tasks):
             task.cancel()
 
     async def inject(self, fault: Fault, client: httpx.AsyncClient) -> None:

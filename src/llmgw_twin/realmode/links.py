@@ -44,6 +44,8 @@ class LinkFaults:
         progress: Callable[[str], None],
         partitioned: Callable[[NodeId], bool],
         partition: Callable[[tuple[NodeId, ...], int], None],
+        tasks: set[asyncio.Task[None]],
+        pending: list[asyncio.TimerHandle],
     ) -> None:
         self.cluster = cluster
         self.scenario = scenario
@@ -52,8 +54,9 @@ class LinkFaults:
         """Whether a node is cut from the controller now (its reports cannot get out)."""
         self.partition = partition
         """Cut nodes from the controller for a while (`faults.py`'s partition)."""
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.pending: list[asyncio.TimerHandle] = []
+        self.tasks = tasks
+        self.pending = pending
+        """The run's tasks and timers, which `RealFaults.cancel` ends with the run."""
 
     @property
     def fabrics(self) -> RealFabrics:
