@@ -119,6 +119,43 @@ def test_a_stream_cut_midway_ends_with_an_error_event_and_the_next_request_goes_
         asyncio.run(go())
 
 
+def test_a_client_gone_midway_ends_the_relay_and_gives_the_replicas_slot_back() -> None:
+    # the engine is frozen once the stream is under way, and the router would wait a minute
+    # for its next chunk: only hearing that the client left ends the relay before that
+    patient = RouterTimeouts(connect_ms=2_000, first_byte_ms=10_000, between_chunks_ms=60_000)
+    with (
+        engines(50) as [(engine, url)],
+        router(settings(timeouts=patient), static_feed({"m-r1": url})) as base,
+    ):
+
+        async def go() -> None:
+            async with client(base) as c:
+                await routable(c, 1)
+                try:
+                    async with client(base) as leaving:
+                        body = chat(stream=True)
+                        async with leaving.stream("POST", "/v1/chat/completions", json=body) as r:
+                            await anext(events(r))
+                            engine.signal(signal.SIGSTOP)
+                            s = await state(c)
+                            assert replicas_of(s)["m-r1"]["outstanding"] == 1
+                    # the client closed its connection midway: the relay ends, the slot is back
+
+                    async def freed() -> bool | None:
+                        s = await state(c)
+                        return True if replicas_of(s)["m-r1"]["outstanding"] == 0 else None
+
+                    await eventually(freed, DEADLINE_S, "the stream's slot given back")
+                finally:
+                    engine.signal(signal.SIGCONT)
+                s = await state(c)
+                assert s["cut_streams"] == 0 and s["ejections"] == 0
+                r2 = await c.post("/v1/chat/completions", json=chat(max_tokens=2))
+                assert r2.status_code == 200 and r2.headers[REPLICA_HEADER] == "m-r1"
+
+        asyncio.run(go())
+
+
 def test_a_killed_replicas_requests_are_retried_on_the_other_and_all_succeed() -> None:
     with (
         engines(200, 200) as [(a, url_a), (_, url_b)],

@@ -37,6 +37,7 @@ from llmgw_twin.service.common.serving import lifespan_of
 from llmgw_twin.service.common.views import model_list
 from llmgw_twin.service.common.wire import install_error_handlers
 from llmgw_twin.service.router.config import RouterSettings
+from llmgw_twin.service.router.fastpath import FastPath, RouterApp
 from llmgw_twin.service.router.follower import FeedFollower
 from llmgw_twin.service.router.forwarding import Forwarder, monotonic_ms
 from llmgw_twin.service.router.holding import Holds
@@ -135,7 +136,7 @@ async def _as_client(request: Request, _token: Bearer) -> None:
 
 
 def create_router_app(runtime: RouterRuntime) -> FastAPI:
-    app = FastAPI(title="llmgw-twin router", lifespan=lifespan_of(runtime), responses=ERRORS)
+    app = RouterApp(title="llmgw-twin router", lifespan=lifespan_of(runtime), responses=ERRORS)
     install_error_handlers(app)
     # credentials from the headers first, then the body, counted as it streams (`gate.py`)
     guard(
@@ -145,6 +146,14 @@ def create_router_app(runtime: RouterRuntime) -> FastAPI:
         inference_limit=runtime.settings.inference_body_bytes,
     )
     app.state.runtime = runtime
+    # the inference routes below, served ahead of the framework when its checks admit the
+    # request (`fastpath.py`); the routes stay for the rest, and for the API's schema
+    app.fast = FastPath(
+        runtime.forwarder,
+        runtime.deployed,
+        runtime.keys.require,
+        runtime.settings.inference_body_bytes,
+    )
     client = [Depends(_as_client)]
 
     @app.get("/health")

@@ -23,7 +23,7 @@ Invariants:
   content type, its body. Failures of the forwarding itself are OpenAI-format errors (`replies`).
 - No wait is unbounded: connecting (`connect_ms`), the first byte of the answer
   (`first_byte_ms`), and each later chunk (`between_chunks_ms`), the core's `RouterTimeouts`
-  (the twin's too); sending the body (`WRITE_TIMEOUT_S`).
+  (the twin's too); sending the body is within the first byte's bound.
 - Every answer carries `x-llmgw-replica` (the replica that answered, or that failed) once a
   replica was picked, and `x-llmgw-retried: 1` when a second replica was tried.
 """
@@ -35,25 +35,37 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-import httpx
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import Response
 
 from llmgw_twin.control.model import ModelName, ReplicaId
 from llmgw_twin.control.routing import NoRoute, Route, Router, RouterTimeouts
 from llmgw_twin.service.common.limits import MiB
 from llmgw_twin.service.common.replies import openai_error
+from llmgw_twin.service.router.answers import (
+    REPLICA_HEADER,
+    RETRIED_HEADER,
+    Answer,
+    Relay,
+    Whole,
+    content_type,
+    error_event,
+    tag,
+)
 from llmgw_twin.service.router.holding import Holds
-from llmgw_twin.service.router.request_metrics import ReplicaAnswer, RequestMetrics, RequestWatch
+from llmgw_twin.service.router.request_metrics import RequestMetrics, RequestWatch
+from llmgw_twin.service.router.upstream import Upstream, UpstreamError
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["REPLICA_HEADER", "RETRIED_HEADER", "Forwarder", "error_event", "parse_request"]
 
 log = logging.getLogger("llmgw_twin.forwarding")
 
-REPLICA_HEADER = "x-llmgw-replica"
-RETRIED_HEADER = "x-llmgw-retried"
 MAX_ATTEMPTS = 2
 MAX_ANSWER_BYTES = 64 * MiB
 """The largest non-streaming answer held before it is passed on."""
@@ -62,10 +74,21 @@ KEEPALIVE_PER_LIMIT = 4
 RETRY_AFTER_S = {NoRoute.NO_REPLICA: 5, NoRoute.BUSY: 1}
 """What a 503 says to wait; for `all_ejected`, until the first ejected replica is back."""
 NO_CONTROLLER_RETRY_AFTER_S = 5
-UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
-WRITE_TIMEOUT_S = 30.0
-"""Sending a request's body to a replica."""
 Deployed = Callable[[], Collection[str] | None]
+
+
+class Incoming(Protocol):
+    """A request to forward: its body, read when the forwarding asks (a starlette `Request`)."""
+
+    async def body(self) -> bytes: ...
+
+
+class Client(Protocol):
+    """A client to the replicas: `upstream.Upstream`, or `upstream_httpx.HttpxUpstream`."""
+
+    async def post(self, endpoint: str, path: str, body: bytes) -> Answer: ...
+
+    async def aclose(self) -> None: ...
 
 
 def monotonic_ms() -> int:
@@ -86,7 +109,7 @@ class _TooLarge(Exception):
 
 
 @dataclass(slots=True)
-class _Pick:
+class Pick:
     """One pick of the core's, told `finished` once."""
 
     forwarder: Forwarder
@@ -125,12 +148,6 @@ def _invalid(message: str, code: str) -> Response:
     return openai_error(400, message, "invalid_request_error", code)
 
 
-def error_event(message: str, code: str) -> bytes:
-    """The last event of a stream cut midway, in the shape OpenAI clients read."""
-    error = {"message": message, "type": "server_error", "code": code, "param": None}
-    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
-
-
 class Forwarder:
     def __init__(
         self,
@@ -149,7 +166,7 @@ class Forwarder:
         self.max_answer_bytes = max_answer_bytes
         self._transport = transport
         self._clock = clock
-        self._client: httpx.AsyncClient | None = None
+        self._client: Client | None = None
         self.retried = 0
         self.failed = 0
         self.cut = 0
@@ -162,23 +179,14 @@ class Forwarder:
     def open(self) -> None:
         t = self.timeouts
         assert self.router.outstanding_limit is not None
-        # httpx's own read bound is a backstop: ours (first byte, between chunks) come first
-        backstop_s = max(t.first_byte_ms, t.between_chunks_ms) / 1000 + 1
-        self._client = httpx.AsyncClient(
-            transport=self._transport,
-            trust_env=False,
-            timeout=httpx.Timeout(
-                connect=t.connect_ms / 1000,
-                read=backstop_s,
-                write=WRITE_TIMEOUT_S,
-                pool=t.connect_ms / 1000,
-            ),
+        if self._transport is not None:
+            from llmgw_twin.service.router.upstream_httpx import HttpxUpstream
+
+            self._client = HttpxUpstream(self._transport, connect_s=t.connect_ms / 1000)
+        else:
             # the core bounds the requests in flight to each replica; no second queue here
-            limits=httpx.Limits(
-                max_connections=None,
-                max_keepalive_connections=self.router.outstanding_limit * KEEPALIVE_PER_LIMIT,
-            ),
-        )
+            keep = self.router.outstanding_limit * KEEPALIVE_PER_LIMIT
+            self._client = Upstream(connect_s=t.connect_ms / 1000, keep_idle=keep)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -196,7 +204,7 @@ class Forwarder:
                 back_ms,
             )
 
-    async def forward(self, request: Request, path: str, deployed: Deployed) -> Response:
+    async def forward(self, request: Incoming, path: str, deployed: Deployed) -> Response:
         """Serve one inference request; `deployed()` is the models that exist (None: not
         known yet). Each request is counted and timed (`self.metrics`)."""
         watch = self.metrics.watch()
@@ -209,7 +217,7 @@ class Forwarder:
         return answer
 
     async def _serve(
-        self, request: Request, path: str, deployed: Deployed, watch: RequestWatch
+        self, request: Incoming, path: str, deployed: Deployed, watch: RequestWatch
     ) -> Response:
         raw = await request.body()
         parsed = parse_request(raw)
@@ -249,19 +257,19 @@ class Forwarder:
             if len(tried) > 1:
                 self.retried += 1
             try:
-                answer = await self._attempt(_Pick(self, route), path, raw, stream)
+                answer = await self._attempt(Pick(self, route), path, raw, stream)
             except _Failed as e:
                 self.failed += 1
                 log.warning("replica %s at %s failed: %s", route.replica, route.endpoint, e)
                 failure = (route.replica, e)
                 continue
-            return _tag(answer, route.replica, len(tried) > 1)
+            return tag(answer, route.replica, len(tried) > 1)
         if failure is None:
             return self._no_route(model)
         replica, failed = failure
         message = f"replica {replica} failed: {failed}"
         reply = openai_error(failed.status, message, "server_error", failed.code)
-        return _tag(reply, replica, len(tried) > 1)
+        return tag(reply, replica, len(tried) > 1)
 
     def _holds(self, model: ModelName) -> bool:
         """Whether a request for `model` waits: it is held at zero, and no replica of it is
@@ -295,29 +303,25 @@ class Forwarder:
             503, message, "server_error", why.value, headers={"retry-after": str(retry_s)}
         )
 
-    async def _attempt(self, pick: _Pick, path: str, raw: bytes, stream: bool) -> Response:
+    async def _attempt(self, pick: Pick, path: str, raw: bytes, stream: bool) -> Response:
         """The replica's answer, or `_Failed` when nothing of it can be passed on."""
         assert self._client is not None, "the forwarder is not open"
         t = self.timeouts
-        request = self._client.build_request(
-            "POST", pick.route.endpoint + path, content=raw, headers=UPSTREAM_HEADERS
-        )
-        upstream: httpx.Response | None = None
+        answer: Answer | None = None
         relayed = False
         try:
             try:
                 async with asyncio.timeout(t.first_byte_ms / 1000):
-                    upstream = await self._client.send(request, stream=True)
-                    chunks = upstream.aiter_raw()
-                    first = await anext(chunks, b"")
-                if stream and upstream.is_success:
+                    answer = await self._client.post(pick.route.endpoint, path, raw)
+                    first = await answer.next_chunk() or b""
+                if stream and answer.is_success:
                     relayed = True
-                    return _Relay(self, pick, upstream, chunks, first)
-                body = await self._rest(chunks, first)
-            except (TimeoutError, httpx.TimeoutException):
-                raise _Failed(504, "upstream_timeout", self._late(upstream)) from None
-            except (httpx.HTTPError, httpx.InvalidURL) as e:
-                raise _Failed(502, "upstream_failed", f"{type(e).__name__}: {e}") from None
+                    return Relay(self, pick, answer, first)
+                body = await self._rest(answer, first)
+            except TimeoutError:
+                raise _Failed(504, "upstream_timeout", self._late(answer)) from None
+            except UpstreamError as e:
+                raise _Failed(502, "upstream_failed", str(e)) from None
             except _TooLarge:
                 pick.finish(ok=True)  # it answered; another replica would answer the same
                 return openai_error(
@@ -333,101 +337,27 @@ class Forwarder:
             pick.finish(ok=True)
             raise
         finally:
-            if upstream is not None and not relayed:
-                await upstream.aclose()
-        assert upstream is not None
-        pick.finish(ok=upstream.status_code < 500)
-        headers = {}
-        if "content-type" in upstream.headers:
-            headers["content-type"] = upstream.headers["content-type"]
-        return _Answer(body, status_code=upstream.status_code, headers=headers)
+            if answer is not None and not relayed:
+                await answer.aclose()
+        assert answer is not None
+        pick.finish(ok=answer.status < 500)
+        return Whole(body, status_code=answer.status, headers=content_type(answer))
 
-    def _late(self, upstream: httpx.Response | None) -> str:
+    def _late(self, answer: Answer | None) -> str:
         t = self.timeouts
-        if upstream is None:
+        if answer is None:
             return f"no answer within {t.first_byte_ms} ms (connect bound {t.connect_ms} ms)"
         return f"no byte of the answer within {t.first_byte_ms} ms, or a stall of its body"
 
-    async def _rest(self, chunks: AsyncIterator[bytes], first: bytes) -> bytes:
+    async def _rest(self, answer: Answer, first: bytes) -> bytes:
         """The whole body, at most `max_answer_bytes`, each chunk within `between_chunks_ms`."""
         parts = [first]
         size = len(first)
         between_s = self.timeouts.between_chunks_ms / 1000
         while size <= self.max_answer_bytes:
-            async with asyncio.timeout(between_s):
-                chunk = await anext(chunks, None)
+            chunk = await answer.next_chunk(between_s)
             if chunk is None:
                 return b"".join(parts)
             parts.append(chunk)
             size += len(chunk)
         raise _TooLarge
-
-
-def _tag(response: Response, replica: ReplicaId, retried: bool) -> Response:
-    response.headers[REPLICA_HEADER] = replica
-    if retried:
-        response.headers[RETRIED_HEADER] = "1"
-    return response
-
-
-class _Answer(ReplicaAnswer, Response):
-    """A replica's own answer, read whole."""
-
-
-class _Relay(ReplicaAnswer, StreamingResponse):
-    """A replica's streamed answer, passed on chunk by chunk as it comes; however it ends (done,
-    cut, stalled, the client gone), the replica's connection is closed and the pick judged."""
-
-    streamed = True
-
-    def __init__(
-        self,
-        forwarder: Forwarder,
-        pick: _Pick,
-        upstream: httpx.Response,
-        chunks: AsyncIterator[bytes],
-        first: bytes,
-    ) -> None:
-        headers = {}
-        if "content-type" in upstream.headers:
-            headers["content-type"] = upstream.headers["content-type"]
-        super().__init__(
-            self._relay(chunks, first), status_code=upstream.status_code, headers=headers
-        )
-        self._forwarder = forwarder
-        self._pick = pick
-        self._upstream = upstream
-
-    async def _relay(self, chunks: AsyncIterator[bytes], first: bytes) -> AsyncIterator[bytes]:
-        yield first
-        between_ms = self._forwarder.timeouts.between_chunks_ms
-        while True:
-            try:
-                async with asyncio.timeout(between_ms / 1000):
-                    chunk = await anext(chunks, None)
-            except (TimeoutError, httpx.TimeoutException):
-                message, code = f"the replica sent nothing for {between_ms} ms", "upstream_timeout"
-            except httpx.HTTPError as e:
-                message, code = f"the replica cut its answer: {type(e).__name__}", "upstream_cut"
-            else:
-                if chunk is None:
-                    return
-                yield chunk
-                continue
-            break
-        self._forwarder.cut += 1
-        # judged before the client hears of the cut, so that whoever reads the router's state
-        # after the error event finds the replica's slot already given back
-        self._pick.finish(ok=False)
-        replica = self._pick.route.replica
-        log.warning("stream from replica %s cut midway: %s", replica, message)
-        yield error_event(f"replica {replica}: {message}", code)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._pick.finish()
-            if self.watch is not None:
-                self.watch.stream_ended(cut=not self._pick.ok)
-            await self._upstream.aclose()

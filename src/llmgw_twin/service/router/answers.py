@@ -1,0 +1,142 @@
+"""What the forwarding answers a client with: a replica's answer read whole, or relayed.
+
+Role: `forwarding.Forwarder` returns one of these (or an error of its own, `replies`). `Whole`
+is a replica's answer read to its end before any of it leaves; `Relay` passes a streamed 2xx
+answer on chunk by chunk as it comes, never buffered, and however it ends (done, cut, stalled,
+the client gone) the replica's connection is given back or closed and the pick judged. Both
+are ASGI apps (starlette responses), as a FastAPI route or the router's fast path send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from llmgw_twin.control.model import ReplicaId
+from llmgw_twin.service.router.request_metrics import ReplicaAnswer
+from llmgw_twin.service.router.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from llmgw_twin.service.router.forwarding import Forwarder, Pick
+
+log = logging.getLogger("llmgw_twin.forwarding")
+
+REPLICA_HEADER = "x-llmgw-replica"
+RETRIED_HEADER = "x-llmgw-retried"
+
+
+class Answer(Protocol):
+    """A replica's answer as a client to the replicas gives it (`upstream.py`)."""
+
+    status: int
+    content_type: str | None
+
+    @property
+    def is_success(self) -> bool: ...
+
+    async def next_chunk(self, timeout_s: float | None = None) -> bytes | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def error_event(message: str, code: str) -> bytes:
+    """The last event of a stream cut midway, in the shape OpenAI clients read."""
+    error = {"message": message, "type": "server_error", "code": code, "param": None}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+def tag(response: Response, replica: ReplicaId, retried: bool) -> Response:
+    response.headers[REPLICA_HEADER] = replica
+    if retried:
+        response.headers[RETRIED_HEADER] = "1"
+    return response
+
+
+def content_type(answer: Answer) -> dict[str, str]:
+    return {} if answer.content_type is None else {"content-type": answer.content_type}
+
+
+class Whole(ReplicaAnswer, Response):
+    """A replica's own answer, read whole."""
+
+
+class Relay(ReplicaAnswer, StreamingResponse):
+    """A replica's streamed answer, passed on as it comes: each read sends what arrived since
+    the last one. A plain ASGI loop rather than starlette's (which runs a task group per
+    response to hear of a client gone): here one task waits for the client's disconnect and
+    cancels the relay, which then ends quietly."""
+
+    streamed = True
+
+    def __init__(self, forwarder: Forwarder, pick: Pick, answer: Answer, first: bytes) -> None:
+        headers = content_type(answer)
+        super().__init__(iter(()), status_code=answer.status, headers=headers)
+        self._forwarder = forwarder
+        self._pick = pick
+        self._answer = answer
+        self._first = first
+
+    async def _relay(self, send: Send) -> None:
+        await send({"type": "http.response.body", "body": self._first, "more_body": True})
+        between_ms = self._forwarder.timeouts.between_chunks_ms
+        between_s = between_ms / 1000
+        answer = self._answer
+        while True:
+            try:
+                chunk = await answer.next_chunk(between_s)
+            except TimeoutError:
+                message, code = f"the replica sent nothing for {between_ms} ms", "upstream_timeout"
+            except UpstreamError as e:
+                message, code = f"the replica cut its answer: {e}", "upstream_cut"
+            else:
+                if chunk is None:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                continue
+            break
+        self._forwarder.cut += 1
+        # judged before the client hears of the cut, so that whoever reads the router's state
+        # after the error event finds the replica's slot already given back
+        self._pick.finish(ok=False)
+        replica = self._pick.route.replica
+        log.warning("stream from replica %s cut midway: %s", replica, message)
+        event = error_event(f"replica {replica}: {message}", code)
+        await send({"type": "http.response.body", "body": event, "more_body": False})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = asyncio.ensure_future(_disconnect(receive))
+
+        def went(g: asyncio.Future[None]) -> None:
+            if not g.cancelled() and g.exception() is None:
+                task.cancel()
+
+        gone.add_done_callback(went)
+        try:
+            start = {"type": "http.response.start", "status": self.status_code}
+            await send({**start, "headers": self.raw_headers})
+            await self._relay(send)
+        except asyncio.CancelledError:
+            if not gone.done() or gone.cancelled() or gone.exception() is not None:
+                raise
+            task.uncancel()  # the client went away: the relay ends here, quietly
+        finally:
+            gone.remove_done_callback(went)
+            gone.cancel()
+            self._pick.finish()
+            if self.watch is not None:
+                self.watch.stream_ended(cut=not self._pick.ok)
+            await self._answer.aclose()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns once the client is gone (what else it sends of a finished request is nothing)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
