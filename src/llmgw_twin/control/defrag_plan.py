@@ -20,8 +20,11 @@ spread over failure domains. Only when no plan within fabrics exists may up to
 `defrag_moves_across_fabrics` copies go to another fabric, each wholly inside one; 0 keeps every
 move at home. No replica ever spans two fabrics, moved or not.
 
-A profile with topology rules (`topology.TopologyRules`) takes no part: no plan is made for one,
-and a replica of one is not moved (the planner reads fabric capacity only).
+A profile with hard topology rules (`topology.TopologyRules`: `nvlink: same_domain`,
+`leaves: same`) is planned for and moved under them: the target's nodes, and each ruled copy's,
+are chosen inside one group of the rules (one NVLink domain, one leaf, or both), the group whose
+choice takes the most freed GPUs, then the tightest, then by name; the cheapest set is sought
+per group. `leaves: fewest` is a preference, not a rule: a plan may use any leaves of the fabric.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from itertools import combinations
 from llmgw_twin.control.model import FabricId, NodeId, Profile, ReplicaId
 from llmgw_twin.control.placement import CapacityIndex, Placement
 from llmgw_twin.control.room import Shape
+from llmgw_twin.control.topology import NodeTopology, TopologyRules, domain_key, leaf_key
 
 PLAN_TRIES = 2_000
 """The most sets of replicas one defragmentation tries one by one (besides each fabric's
@@ -77,6 +81,25 @@ class DefragPlan:
 
 
 _Free = dict[NodeId, list[int]]
+Group = Callable[[NodeId], str] | None
+"""The group of the rules a node is in (every node of a choice in one), None: no rule."""
+
+
+def grouping(rules: TopologyRules, topology_of: Callable[[NodeId], NodeTopology | None]) -> Group:
+    """How `rules` group nodes: per NVLink domain, per leaf, or both; None without a hard rule."""
+    domain = rules.nvlink == "same_domain"
+    leaf = rules.leaves == "same"
+    if not domain and not leaf:
+        return None
+
+    def group(n: NodeId) -> str:
+        topo = topology_of(n)
+        parts = [domain_key(n, topo)] if domain else []
+        if leaf:
+            parts.append(leaf_key(n, topo))
+        return "|".join(parts)
+
+    return group
 
 
 def _pick(
@@ -87,10 +110,12 @@ def _pick(
     prefer: dict[NodeId, set[int]] | None = None,
     crowded: Callable[[NodeId], bool] = lambda n: False,
     home: frozenset[NodeId] = frozenset(),
+    group: Group = None,
 ) -> list[tuple[NodeId, tuple[int, ...]]] | None:
     """Nodes and GPUs for one replica in `free`: those offering the most `prefer`red GPUs (taken
     before the others), then the tightest; among equals, not a moved replica's own (`home`),
-    then not one holding another replica of its deployment (`crowded`), then by name."""
+    then not one holding another replica of its deployment (`crowded`), then by name. Under a
+    `group`ing, all in one group: the one whose choice ranks best, then by name."""
     want = prefer or {}
     fits = [n for n in nodes if len(free[n]) >= shape.gpus and ok(n)]
     if len(fits) < shape.nodes:
@@ -100,7 +125,24 @@ def _pick(
         preferred = min(len(want.get(n, set()).intersection(free[n])), shape.gpus)
         return (-preferred, len(free[n]), n in home, crowded(n), n)
 
-    chosen = sorted(fits, key=key)[: shape.nodes]
+    if group is None:
+        chosen = sorted(fits, key=key)[: shape.nodes]
+    else:
+        groups: dict[str, list[NodeId]] = {}
+        for n in fits:
+            groups.setdefault(group(n), []).append(n)
+        best: tuple[tuple[int, int, str], list[NodeId]] | None = None
+        for name, members in groups.items():
+            if len(members) < shape.nodes:
+                continue
+            picked = sorted(members, key=key)[: shape.nodes]
+            keys = [key(n) for n in picked]
+            rank = (sum(k[0] for k in keys), sum(k[1] for k in keys), name)
+            if best is None or rank < best[0]:
+                best = (rank, picked)
+        if best is None:
+            return None
+        chosen = best[1]
     out = []
     for n in chosen:
         mine = want.get(n, set())
@@ -128,10 +170,8 @@ def plan_moves(
     such set is found within the budget. Moves within their fabric are tried first; then, if
     `across` > 0, sets in which up to `across` copies go to another fabric (each wholly in
     one). `tries` counts sets tried across calls."""
-    if target.topology.constrained:
-        return None
-    movable = [m for m in movable if not m.profile.topology.constrained]
-    planner = _Planner(index, Shape.of(target), target_excluded, tries or [0])
+    group = grouping(target.topology, index.topology_of)
+    planner = _Planner(index, Shape.of(target), target_excluded, tries or [0], group)
     by_fabric: dict[FabricId, list[Movable]] = {}
     for m in sorted(movable, key=lambda m: (Shape.of(m.profile).size, m.id)):
         by_fabric.setdefault(m.fabric, []).append(m)
@@ -178,11 +218,13 @@ class _Planner:
         shape: Shape,
         excluded: frozenset[NodeId],
         tries: list[int],
+        group: Group = None,
     ) -> None:
         self.index = index
         self.shape = shape
         self.excluded = excluded
         self.tries = tries
+        self.group = group
         self._fabrics: dict[FabricId, tuple[list[NodeId], _Free]] = {}
 
     def fabric(self, fabric: FabricId) -> tuple[list[NodeId], _Free]:
@@ -201,7 +243,7 @@ class _Planner:
         found = [m for m in movable if any(n in free and self.fits_target(n) for n, _ in m.gpus)]
         every = _freed(found)
         after = {n: sorted(set(free[n]) | every.get(n, set())) for n in nodes}
-        if not found or _pick(self.shape, after, nodes, self.fits_target) is None:
+        if not found or _pick(self.shape, after, nodes, self.fits_target, group=self.group) is None:
             return []
         return found
 
@@ -225,10 +267,22 @@ class _Planner:
                 have += size
             if have >= self.shape.gpus:
                 costs.append((len(evict), n, evict))
-        if len(costs) < self.shape.nodes:
+        # the cheapest nodes, all in one group of the rules (the cheapest group, then by name)
+        by_group: dict[str, list[tuple[int, NodeId, list[Movable]]]] = {}
+        for cost in costs:
+            by_group.setdefault("" if self.group is None else self.group(cost[1]), []).append(cost)
+        best: tuple[tuple[int, str], list[tuple[int, NodeId, list[Movable]]]] | None = None
+        for name, found in by_group.items():
+            if len(found) < self.shape.nodes:
+                continue
+            picked = sorted(found, key=lambda c: (c[0], c[1]))[: self.shape.nodes]
+            rank = (sum(c[0] for c in picked), name)
+            if best is None or rank < best[0]:
+                best = (rank, picked)
+        if best is None:
             return None
         chosen: dict[ReplicaId, Movable] = {}
-        for _, _, evict in sorted(costs, key=lambda c: (c[0], c[1]))[: self.shape.nodes]:
+        for _, _, evict in best[1]:
             chosen.update((m.id, m) for m in evict)
         return tuple(chosen[r] for r in sorted(chosen)) or None
 
@@ -242,7 +296,7 @@ class _Planner:
         nodes, free = self.fabric(fabric)
         freed = _freed(combo)
         after = {n: sorted(set(free[n]) | freed.get(n, set())) for n in nodes}
-        target = _pick(self.shape, after, nodes, self.fits_target, prefer=freed)
+        target = _pick(self.shape, after, nodes, self.fits_target, prefer=freed, group=self.group)
         if target is None:
             return None
         by_size = sorted(combo, key=lambda m: (-Shape.of(m.profile).size, m.id))
@@ -324,7 +378,10 @@ class _Planner:
             return n not in m.excluded and self.index.can_run(n, own)
 
         home = frozenset(n for n, _ in m.gpus)
-        return _pick(own, free, nodes, fits, crowded=lambda n: m.crowded(n, home), home=home)
+        group = grouping(m.profile.topology, self.index.topology_of)
+        return _pick(
+            own, free, nodes, fits, crowded=lambda n: m.crowded(n, home), home=home, group=group
+        )
 
 
 def _placement(fabric: FabricId, got: Sequence[tuple[NodeId, tuple[int, ...]]]) -> Placement:
