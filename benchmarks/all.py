@@ -85,7 +85,11 @@ BENCHES: tuple[Bench, ...] = (
         long=True,
         json=True,
     ),
-    Bench("router", ("benchmarks/router.py", "--concurrency", "1,8", "--requests", "200"), 300),
+    Bench(
+        "router",
+        ("benchmarks/router.py", "--concurrency", "1,8", "--requests", "400", "--rounds", "3"),
+        600,
+    ),
     Bench(
         "core-steps", ("benchmarks/core_steps.py", "--nodes", "1000", "4000", "--runs", "3"), 300
     ),

@@ -1,7 +1,7 @@
 """The router service's cost: sim engines behind `llmgw-twin router`, against the same engines
 asked directly, side by side in one run.
 
-    .venv/bin/python benchmarks/router.py [--engines 2] [--concurrency 1,8,32]
+    .venv/bin/python benchmarks/router.py [--engines 2] [--concurrency 1,8,32] [--rounds 3]
                                           [--requests 400] [--max-seconds 30] [--max-tokens 16]
 
 Started here, each a process in its own session: `--engines` sim engines (1-node replicas of
@@ -10,10 +10,12 @@ compute) and one `llmgw-twin router`, which follows a fake controller feed serve
 process (one snapshot naming the engines, then nothing new). For each mode (a whole answer, a
 stream) and each concurrency level, the same client sends `--requests` chat completions (each
 `--max-tokens` tokens) with that many in flight, first straight to the engines (round-robin,
-as the router spreads them), then through the router; each cell is bounded by
-`--max-seconds` too. Latency is the whole answer, its last byte included; a failed request is
-counted, not timed. Prints one markdown table: p50 and p99 both ways, what the router adds,
-requests per second both ways and their ratio. Everything is on 127.0.0.1, and the client,
+as the router spreads them), then through the router, and again, `--rounds` times in turn, so
+that what else the machine does falls on both alike; each cell is bounded by `--max-seconds`
+too. Latency is the whole answer, its last byte included; a failed request is counted, not
+timed. Prints one markdown table: the median over the rounds of p50 and p99 both ways, of what
+the router adds, of requests per second both ways and of their ratio, with the ratio's lowest
+and highest round. Everything is on 127.0.0.1, and the client,
 the router and the engines share this machine's cores.
 """
 
@@ -26,6 +28,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -190,6 +193,28 @@ async def run_cell(
     return cell
 
 
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def row(mode: str, level: int, rounds: list[tuple[Cell, Cell]]) -> str:
+    """One line of the table: medians over the rounds, the ratio's spread."""
+    dp50 = median([d.pct(0.5) for d, _ in rounds])
+    dp99 = median([d.pct(0.99) for d, _ in rounds])
+    rp50 = median([r.pct(0.5) for _, r in rounds])
+    rp99 = median([r.pct(0.99) for _, r in rounds])
+    add50 = median([r.pct(0.5) - d.pct(0.5) for d, r in rounds])
+    add99 = median([r.pct(0.99) - d.pct(0.99) for d, r in rounds])
+    ratios = [r.rate / d.rate if d.rate else 0.0 for d, r in rounds]
+    failed = f"{sum(d.failed for d, _ in rounds)} / {sum(r.failed for _, r in rounds)}"
+    return (
+        f"| {mode} | {level} | {dp50:.1f} / {dp99:.1f} ms | {rp50:.1f} / {rp99:.1f} ms "
+        f"| {add50:+.1f} / {add99:+.1f} ms "
+        f"| {median([d.rate for d, _ in rounds]):.0f} | {median([r.rate for _, r in rounds]):.0f} "
+        f"| {median(ratios):.2f} | {min(ratios):.2f} - {max(ratios):.2f} | {failed} |"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--engines", type=int, default=2)
@@ -197,7 +222,10 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--max-seconds", type=float, default=30.0)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds: at least 1")
     levels = [int(x) for x in args.concurrency.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="router-bench-") as tmp:
@@ -235,40 +263,35 @@ def main() -> int:
             print(
                 f"{args.engines} sim engines, "
                 f"{args.max_tokens} tokens per answer, "
-                f"{args.requests} requests per cell (at most {args.max_seconds:g} s)\n"
+                f"{args.requests} requests per cell (at most {args.max_seconds:g} s), "
+                f"{args.rounds} rounds of direct then router, medians\n"
             )
             print(
                 "| answer | in flight | direct p50 / p99 | router p50 / p99 | added p50 / p99 "
-                "| direct req/s | router req/s | router / direct | failed |"
+                "| direct req/s | router req/s | router / direct | lowest - highest | failed |"
             )
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             for stream in (False, True):
                 for level in levels:
                     mode = "stream" if stream else "whole"
-                    step(f"{mode}, {level} in flight: the engines directly, then the router")
-                    cells = [
-                        asyncio.run(
-                            run_cell(
-                                bases,
-                                level,
-                                args.requests,
-                                args.max_seconds,
-                                stream,
-                                args.max_tokens,
+                    rounds: list[tuple[Cell, Cell]] = []
+                    for n in range(args.rounds):
+                        step(f"{mode}, {level} in flight, round {n + 1}: direct, then the router")
+                        d, r = (
+                            asyncio.run(
+                                run_cell(
+                                    bases,
+                                    level,
+                                    args.requests,
+                                    args.max_seconds,
+                                    stream,
+                                    args.max_tokens,
+                                )
                             )
+                            for bases in (engines, [router])
                         )
-                        for bases in (engines, [router])
-                    ]
-                    d, r = cells
-                    print(
-                        f"| {'stream' if stream else 'whole'} | {level} "
-                        f"| {d.pct(0.5):.1f} / {d.pct(0.99):.1f} ms "
-                        f"| {r.pct(0.5):.1f} / {r.pct(0.99):.1f} ms "
-                        f"| {r.pct(0.5) - d.pct(0.5):+.1f} / {r.pct(0.99) - d.pct(0.99):+.1f} ms "
-                        f"| {d.rate:.0f} | {r.rate:.0f} | {r.rate / d.rate if d.rate else 0:.2f} "
-                        f"| {d.failed} / {r.failed} |",
-                        flush=True,
-                    )
+                        rounds.append((d, r))
+                    print(row(mode, level, rounds), flush=True)
         finally:
             procs.close()
             if feed is not None:
