@@ -184,3 +184,49 @@ def test_nothing_goes_to_a_node_without_an_address() -> None:
         assert agents.arrived == []
 
     asyncio.run(go())
+
+
+def test_a_report_request_counts_as_tried_once_it_left_not_once_answered() -> None:
+    # a powered-off agent: its kernel takes the request, nothing ever answers it. The restarted
+    # controller's wait for that agent must run from when the request left (an interval), not
+    # until the send's read bound gives up
+    async def go() -> None:
+        received = asyncio.Event()
+        held: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            received.set()
+            await asyncio.Event().wait()  # never answers; cancelled with the server
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        node = NodeId("n0")
+        d = Delivery({node: f"http://127.0.0.1:{port}"}, None)
+        tried: list[NodeId] = []
+        d.on_report_tried = tried.append
+        d.open()
+        try:
+            d.send(RequestReport(node))
+            async with asyncio.timeout(10):
+                await received.wait()
+
+            async def said() -> bool | None:
+                return True if tried else None
+
+            await eventually(said, 5, "the report request said tried")
+            assert tried == [node] and d.in_flight == 1  # tried, its answer still awaited
+        finally:
+            for w in held:
+                w.close()
+            server.close()
+            await d.close()
+
+    asyncio.run(go())

@@ -21,9 +21,12 @@ Invariants:
 - A command to a node with no known address, or whose credential was revoked, is not sent.
 - Nothing is sent while the leader is past its lease deadline (`acting`): what is pending waits
   until the store renews the lease, or the process ends.
-- `on_report_tried(node)` is called once a report request to `node` has been tried (delivered,
-  or its send failed, or it could not be sent): a restarted controller counts the agent's time
-  to answer from then, not from when it queued the request.
+- `on_report_tried(node)` is called once a report request to `node` has been tried: its body
+  written to the connection (delivered: the answer is the agent's to give), or its send failed,
+  or it could not be sent. A restarted controller counts the agent's time to answer from then,
+  not from when it queued the request, and not from the answer: an agent that is powered off
+  takes the request into its kernel's buffers and never answers, and the wait for it must end
+  an interval after the request left, as for any silent agent.
 - `close` lets what is in flight finish (bounded), then stops the workers.
 """
 
@@ -225,8 +228,16 @@ class Delivery:
             if cred is None:
                 return True  # revoked since: nothing more goes to it
             headers["authorization"] = "Bearer " + self._keys.controller_token(cred)
+        extensions: dict[str, Any] = {}
+        if isinstance(cmd, RequestReport):
+
+            async def trace(event: str, _info: dict[str, Any]) -> None:
+                if event.endswith(".send_request_body.complete"):
+                    self.on_report_tried(node)  # on its way: the answer is the agent's
+
+            extensions["trace"] = trace
         try:
-            reply = await client.post(url + path, json=body, headers=headers)
+            reply = await client.post(url + path, json=body, headers=headers, extensions=extensions)
             reply.raise_for_status()
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             self.failed += 1
