@@ -205,8 +205,15 @@ def test_a_whole_replica_becomes_ready_and_the_router_proxies_to_it(tmp_path: Pa
             replica = await eventually(ready, 5, "the replica ready")
             assert replica["endpoint"] == "http://engine-n1:8000"
             assert [sh["state"] for sh in replica["shards"]] == ["serving", "running"]
-            models = (await client.get("/v1/models")).json()
-            assert models["data"][0]["id"] == "tiny" and models["data"][0]["ready_replicas"] == 1
+            # routes follow the events, published once the step is durable: the admin state
+            # (the core's memory) may say ready a moment before
+
+            async def routable() -> dict[str, Any] | None:
+                models: dict[str, Any] = (await client.get("/v1/models")).json()
+                return models if models["data"][0]["ready_replicas"] == 1 else None
+
+            models = await eventually(routable, 5, "the replica routable")
+            assert models["data"][0]["id"] == "tiny"
 
             chat["stream"] = True
             async with client.stream("POST", "/v1/chat/completions", json=chat) as r:

@@ -18,10 +18,14 @@ from typing import Protocol
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, ListenLimits, uvicorn_options
 from llmgw_twin.service.common.tls import ServerTls
 
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's own OpenTelemetry hooks, off: asking whether they are on costs every request more
+than a heartbeat's own work does, and no service here exports to OpenTelemetry."""
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 GRACEFUL_SHUTDOWN_S = 5
 """How long a shutdown waits for open connections before it stops the app anyway. Without a

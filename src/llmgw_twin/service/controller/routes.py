@@ -15,7 +15,6 @@ from typing import Annotated, Any, get_args
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 
 from llmgw_twin.service.common.auth import (
@@ -30,6 +29,7 @@ from llmgw_twin.service.common.gate import guard
 from llmgw_twin.service.common.limits import MAX_INT
 from llmgw_twin.service.common.metrics import add_metrics_route
 from llmgw_twin.service.common.replies import CONFLICT, ERRORS, NOT_FOUND, OPENAI_REQUEST, PROXIED
+from llmgw_twin.service.common.serving import NO_TELEMETRY
 from llmgw_twin.service.common.spec_view import spec_state
 from llmgw_twin.service.common.wire import (
     NAME_PATTERN,
@@ -120,9 +120,6 @@ def _shed_when_behind(runtime: ControllerRuntime) -> None:
 
 
 SHED_RETRY_AFTER_S = 5
-NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
-"""FastAPI's own OpenTelemetry hooks, off: asking whether they are on costs every request more
-than a heartbeat's own work does, and the controller exports nothing to OpenTelemetry."""
 
 
 def create_controller_app(runtime: ControllerRuntime) -> FastAPI:

@@ -33,7 +33,7 @@ from llmgw_twin.service.common.gate import guard
 from llmgw_twin.service.common.limits import CONTROL_BODY_LIMIT
 from llmgw_twin.service.common.metrics import add_metrics_route
 from llmgw_twin.service.common.replies import ERRORS, OPENAI_REQUEST, PROXIED
-from llmgw_twin.service.common.serving import lifespan_of
+from llmgw_twin.service.common.serving import NO_TELEMETRY, lifespan_of
 from llmgw_twin.service.common.views import model_list
 from llmgw_twin.service.common.wire import install_error_handlers
 from llmgw_twin.service.router.config import RouterSettings
@@ -136,7 +136,12 @@ async def _as_client(request: Request, _token: Bearer) -> None:
 
 
 def create_router_app(runtime: RouterRuntime) -> FastAPI:
-    app = RouterApp(title="llmgw-twin router", lifespan=lifespan_of(runtime), responses=ERRORS)
+    app = RouterApp(
+        title="llmgw-twin router",
+        lifespan=lifespan_of(runtime),
+        responses=ERRORS,
+        telemetry=NO_TELEMETRY,
+    )
     install_error_handlers(app)
     # credentials from the headers first, then the body, counted as it streams (`gate.py`)
     guard(
