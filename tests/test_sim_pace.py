@@ -32,7 +32,7 @@ from llmgw_twin.control.model import (
 from llmgw_twin.engines.base import LaunchContext, Readiness
 from llmgw_twin.engines.perf.model import EnginePerf
 from llmgw_twin.engines.sim import SimAdapter
-from llmgw_twin.programs import sim_pace, sim_server
+from llmgw_twin.programs import sim_pace, sim_pacing
 from llmgw_twin.programs.sim_api import SimModel, create_app
 from llmgw_twin.programs.sim_batcher import Batcher
 from llmgw_twin.programs.sim_pace import PaceFile, factor_at, format_changes, parse_changes
@@ -225,9 +225,9 @@ def test_a_replica_runs_at_its_slowest_nodes_pace(tmp_path: Path) -> None:
     assert Pacing(None, 0.01, lambda: THREE).latency() == pytest.approx(0.03)
     assert Pacing(None, 0.0, lambda: THREE).pace is None  # nothing to slow: never read
     rdv = LeaderRendezvous(2, MODEL)
-    assert sim_server.replica_pace(None, LeaderRendezvous(1, MODEL)) is None
+    assert sim_pacing.replica_pace(None, LeaderRendezvous(1, MODEL)) is None
     own = tmp_path / "pace"
-    replica = sim_server.replica_pace(PaceFile(str(own)), rdv)
+    replica = sim_pacing.replica_pace(PaceFile(str(own)), rdv)
     assert replica is not None and replica() == 1
     rdv.slowest = THREE
     assert replica() == 3

@@ -1,5 +1,6 @@
 """How long the sim engine's answers take: the batch's word (`--perf-model`, `sim_batcher`), or
-a fixed time a token (`--token-latency-ms`), at the replica's pace when a request is accepted.
+a fixed time a token (`--token-latency-ms`), at the replica's pace when a request is accepted:
+the slowest of its nodes' (`replica_pace`: the leader's own pace file, its workers' paces).
 
 Invariants: a request's pace is read once, when it is accepted (as the twin's straggler slows the
 requests accepted while it lasts); without a pace, or with a batch (which reads it itself, at
@@ -13,6 +14,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from fractions import Fraction
 
 from llmgw_twin.programs.sim_batcher import Batcher, Ticket, TooLarge
+from llmgw_twin.programs.sim_pace import PaceFile
+from llmgw_twin.programs.sim_rendezvous import LeaderRendezvous
 
 
 class Pacing:
@@ -84,3 +87,11 @@ async def paced(ticket: Ticket | None, index: int, latency_s: float) -> None:
         await ticket.first
     elif index == 1:
         await ticket.done
+
+
+def replica_pace(pace: PaceFile | None, rdv: LeaderRendezvous) -> Callable[[], Fraction] | None:
+    """The replica's pace now, the slowest of its nodes' (None: always 1, a 1-node replica
+    without a pace file, which then costs its requests nothing)."""
+    if pace is None:
+        return None if rdv.nnodes == 1 else lambda: rdv.slowest
+    return lambda: max(pace.now(), rdv.slowest)

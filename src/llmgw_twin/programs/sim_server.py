@@ -39,25 +39,23 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, TypeVar
 
 from llmgw_twin.engines.perf.model import EnginePerf
 from llmgw_twin.engines.perf.table import perf_from_arg
 from llmgw_twin.programs.sim_pace import ONE, PaceFile, boottime_ns, slowed_ms
+from llmgw_twin.programs.sim_pacing import replica_pace
 from llmgw_twin.programs.sim_rendezvous import LeaderRendezvous, parse_endpoint
+from llmgw_twin.programs.sim_tasks import Tasks, stop_on_signals
 
 EXIT_OK, EXIT_PEER_LOST, EXIT_CONFIG, EXIT_JOIN_TIMEOUT = 0, 1, 2, 3
 DEFAULT_JOIN_TIMEOUT_MS = 600_000
 GRACEFUL_SHUTDOWN_S = 2
-
-T = TypeVar("T")
 
 log = logging.getLogger("llmgw_twin.sim_engine")
 
@@ -271,48 +269,6 @@ def main(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
-def stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: signal.Signals) -> None:
-        log.info("received %s", sig.name)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    return stop
-
-
-class Tasks:
-    """Named tasks awaited together; whatever is left is cancelled on exit."""
-
-    def __init__(self) -> None:
-        self._names: dict[asyncio.Task[Any], str] = {}
-
-    def add(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        task = asyncio.create_task(coro)
-        self._names[task] = name
-        return task
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._names.values()
-
-    async def next(self, timeout_s: float | None = None) -> list[tuple[str, asyncio.Task[Any]]]:
-        """The tasks that finished first, by name (none once `timeout_s` passed), now removed."""
-        done, _ = await asyncio.wait(
-            set(self._names), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-        )
-        ordered = sorted(done, key=lambda t: self._names[t])
-        return [(self._names.pop(t), t) for t in ordered]
-
-    async def cancel_all(self) -> None:
-        for task in self._names:
-            task.cancel()
-        await asyncio.gather(*self._names, return_exceptions=True)
-        self._names.clear()
-
-
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto named: asyncio sets TCP_NODELAY on accepted connections only for an IPPROTO_TCP
@@ -389,14 +345,6 @@ async def _lead(
             if name == "join" and cfg.nnodes > 1:
                 log.info("all %d workers joined", cfg.nnodes - 1)
     return await _serve(cfg, rdv, tasks, replica_pace(pace, rdv))
-
-
-def replica_pace(pace: PaceFile | None, rdv: LeaderRendezvous) -> Callable[[], Fraction] | None:
-    """The replica's pace now, the slowest of its nodes' (None: always 1, a 1-node replica
-    without a pace file, which then costs its requests nothing)."""
-    if pace is None:
-        return None if rdv.nnodes == 1 else lambda: rdv.slowest
-    return lambda: max(pace.now(), rdv.slowest)
 
 
 async def _serve(

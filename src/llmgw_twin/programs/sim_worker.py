@@ -39,12 +39,11 @@ from llmgw_twin.programs.sim_server import (
     EXIT_OK,
     EXIT_PEER_LOST,
     EngineConfig,
-    Tasks,
     _load,
     log,
     start_pace,
-    stop_on_signals,
 )
+from llmgw_twin.programs.sim_tasks import Tasks, stop_on_signals
 
 PACE_POLL_S = 0.02
 """How often a worker looks at its node's pace file for a change to tell its leader: a change
