@@ -330,16 +330,25 @@ def test_a_shape_seed_runs_clean() -> None:
 # --- real mode ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["slow-node", "delay-heartbeats"])
-def test_real_mode_refuses_the_shapes_it_has_no_means_for_and_says_why(name: str) -> None:
+def test_real_mode_refuses_the_shapes_it_has_no_means_for_and_says_why() -> None:
+    name = "delay-heartbeats"
     with pytest.raises(ValueError, match="not supported in real mode yet: ") as got:
         check_real_supported(scenario(name))
     assert f"{name}.yaml:" in str(got.value)
 
 
-def test_real_mode_takes_an_added_node_and_a_cut_link() -> None:
+def test_real_mode_takes_an_added_node_a_cut_link_and_a_straggler() -> None:
     check_real_supported(scenario("add-node"))
     check_real_supported(scenario("cut-fabric-link"))  # tests/test_real_links.py
+    check_real_supported(scenario("slow-node"))  # tests/test_real_pace.py
+
+
+def test_real_mode_slows_only_the_sim_engine_and_says_so() -> None:
+    sc = scenario("slow-node")
+    llamacpp = replace(sc.profiles[0], engine=EngineName("llamacpp"))
+    with pytest.raises(ValueError, match="only the sim engine reads a pace") as got:
+        check_real_supported(replace(sc, profiles=(llamacpp,)))
+    assert "slow-node.yaml:" in str(got.value) and "(slow_node)" in str(got.value)
 
 
 def test_every_smaller_plan_the_shrinker_tries_of_a_shape_seed_loads() -> None:

@@ -146,12 +146,9 @@ def test_a_degraded_nvlink_slows_what_starts_on_the_node() -> None:
 
 
 def test_real_mode_refuses_what_it_cannot_carry_out() -> None:
-    for fault in (
-        "{at: 1m, nvlink_degraded: {node: n1, for: 30s}}",
-        "{at: 1m, nvlink_domain_down: {domain: d1, for: 30s}}",
-    ):
-        with pytest.raises(ValueError, match="not supported in real mode"):
-            check_real_supported(scenario(fault))
+    with pytest.raises(ValueError, match="not supported in real mode"):
+        check_real_supported(scenario("{at: 1m, nvlink_domain_down: {domain: d1, for: 30s}}"))
+    check_real_supported(scenario("{at: 1m, nvlink_degraded: {node: n1, for: 30s}}"))  # a pace
     check_real_supported(scenario("{at: 1m, nvlink_domain_down: {domain: d1}}"))
     for fault in (  # tests/test_real_links.py carries them out
         "{at: 1m, leaf_down: {leaf: l1, for: 30s}}",

@@ -56,6 +56,12 @@ class LaunchContext:
     worker_ports: tuple[tuple[int, int], ...] = ()
     """(rank, port) pairs for workers that listen (llama.cpp's RPC servers); a rank not listed
     listens on the adapter's default port for the replica."""
+    pace_file: str | None = None
+    """The node's pace file, for an engine that reads one (the sim engine's `--pace-file`: a
+    straggler's pace, set by real mode); None: none."""
+    ready_file: str | None = None
+    """Where a rank that opens no port may say it is ready (the sim worker's `--ready-file`);
+    None: the agent has no place for one, and judges such a rank by its process."""
 
     def address_of(self, node: str) -> str:
         for name, address in self.node_addresses:
@@ -80,6 +86,9 @@ class Readiness(enum.StrEnum):
     PROCESS = "process"
     """The process is alive; the rank opens no port of its own, so the leader's health speaks
     for the whole replica."""
+    FILE = "file"
+    """`ready_file` exists: the rank opens no port, and writes it once it is ready (a sim worker:
+    loaded and joined)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +102,8 @@ class Launch:
     None when it listens on no fixed port."""
     health_path: str | None
     readiness: Readiness = Readiness.PROCESS
+    ready_file: str | None = None
+    """The file a `Readiness.FILE` rank writes once it is ready."""
 
 
 @dataclass(frozen=True, slots=True)

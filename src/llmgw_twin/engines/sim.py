@@ -6,7 +6,10 @@ leader's rendezvous point and serve nothing. The twin models exactly this behavi
 built here is what production runs.
 
 Invariants: the argv below is the contract with the runnable sim engine (`llmgw-twin
-sim-engine`); the leader is ready when GET /health answers 200; workers open no port.
+sim-engine`); the leader is ready when GET /health answers 200; workers open no port, and one
+given a ready file (`LaunchContext.ready_file`) is ready once it wrote it (loaded and joined,
+as the twin's worker), else while its process runs. A pace file (`LaunchContext.pace_file`, a
+straggler's pace in real mode) goes to every rank; the twin's launches name neither.
 
 Load metrics: the leader's `/metrics` says `llmgw_sim:requests_waiting` and
 `llmgw_sim:kv_cache_usage_ratio` (0 to 1), from its engine model (`--perf-model`); without one
@@ -14,6 +17,8 @@ both are 0.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from llmgw_twin import __version__
 from llmgw_twin.control.model import ShardSpec
@@ -23,6 +28,7 @@ from llmgw_twin.engines.base import (
     LaunchContext,
     LoadMetrics,
     Program,
+    Readiness,
     http_leader_launch,
     widest_of,
 )
@@ -68,7 +74,21 @@ class SimAdapter:
             # its traffic leaves from the node's own address, as on a real network (real mode's
             # fabric proxies tell by it which node dials: docs/real-mode.md)
             argv += ["--source-host", ctx.bind_host]
-        return http_leader_launch(spec, ctx, argv)
+        if ctx.pace_file is not None:
+            argv += ["--pace-file", ctx.pace_file]
+        ready_file = ctx.ready_file if spec.rank > 0 else None
+        if ready_file is not None:
+            argv += ["--ready-file", ready_file]
+        launch = http_leader_launch(spec, ctx, argv)
+        if ready_file is None:
+            return launch
+        return replace(launch, readiness=Readiness.FILE, ready_file=ready_file)
 
     def widest(self) -> tuple[Launch, ...]:
-        return widest_of(self, LaunchContext(leader_host="node01", bind_host="10.0.0.2"))
+        ctx = LaunchContext(
+            leader_host="node01",
+            bind_host="10.0.0.2",
+            pace_file="/var/lib/llmgw-agent/pace",
+            ready_file="/var/lib/llmgw-agent/node01.ready/m-r1-1",
+        )
+        return widest_of(self, ctx)

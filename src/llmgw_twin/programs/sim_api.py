@@ -17,7 +17,8 @@ Invariants:
 - Each token costs `token_latency_ms` of wall time, streamed or not; unless the engine has a
   batch (`--perf-model`, `sim_batcher.py`): then every prompt is a request of the twin's engine
   model, answered when the model says (a streamed answer's first token when its prefill ends, the
-  rest when it is done), and one too large for the KV cache is refused with 400.
+  rest when it is done), and one too large for the KV cache is refused with 400. Either way at
+  the replica's pace when the request is accepted (`SimModel.pace`, a straggler: `sim_pace`).
 - Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 404 for a model
   this engine does not serve, 400 for a malformed request.
 - The app holds no mutable state but its batch (none without `--perf-model`): serving it twice,
@@ -33,6 +34,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import uvicorn
@@ -43,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw_twin.programs.sim_batcher import Batcher, Ticket, TooLarge
 from llmgw_twin.programs.sim_metrics import add_metrics
+from llmgw_twin.programs.sim_pacing import Pacing, paced, released
 from llmgw_twin.programs.sim_text import Generation, count_prompt_tokens, generate, render_chat
 
 DEFAULT_MAX_TOKENS = 256
@@ -60,6 +63,9 @@ class SimModel:
     """Wall clock for the `created` fields only; never for the text."""
     batcher: Batcher | None = None
     """The engine model's batch (`--perf-model`); None: `token_latency_ms` a token."""
+    pace: Callable[[], Fraction] | None = None
+    """The replica's pace now: a token takes this many times `token_latency_ms` (the batch
+    reads it itself); None: always 1."""
 
 
 class _Lenient(BaseModel):
@@ -124,52 +130,20 @@ def _sse(payload: dict[str, Any]) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-class _Pacing:
-    """How long an answer takes: the batch's word (`--perf-model`), or a fixed time a token."""
-
-    def __init__(self, batcher: Batcher | None, latency_s: float) -> None:
-        self.batcher = batcher
-        self.latency_s = latency_s
-
-    def tickets(self, jobs: Sequence[tuple[int, int]]) -> list[Ticket | None] | JSONResponse:
-        """One place in the batch per (prompt, output tokens) that generates anything."""
-        if self.batcher is None:
-            return [None] * len(jobs)
-        out: list[Ticket | None] = []
-        try:
-            for prompt, output in jobs:
-                out.append(None if output < 1 else self.batcher.submit(prompt, output))
-        except TooLarge as e:
-            self.release(out)
-            return _error(
-                400, str(e), "invalid_request_error", "messages", "context_length_exceeded"
-            )
-        return out
-
-    def release(self, held: Sequence[Ticket | None]) -> None:
-        for ticket in held:
-            if ticket is not None and self.batcher is not None:
-                self.batcher.cancel(ticket)
-
-    async def work(self, held: Sequence[Ticket | None], tokens: int) -> None:
-        if self.batcher is None:
-            if self.latency_s > 0 and tokens > 0:
-                await asyncio.sleep(self.latency_s * tokens)  # the simulated compute itself
-            return
-        try:
-            for ticket in held:
-                if ticket is not None:
-                    await ticket.done
-        finally:
-            self.release(held)
-
-
 def create_app(sim: SimModel) -> FastAPI:
     app = FastAPI(title=f"llmgw-twin sim engine: {sim.served_name}", docs_url=None, redoc_url=None)
     latency_s = sim.token_latency_ms / 1000
 
-    pacing = _Pacing(sim.batcher, latency_s)
-    tickets, release, work = pacing.tickets, pacing.release, pacing.work
+    pacing = Pacing(sim.batcher, latency_s, sim.pace)
+    release, work, latency = pacing.release, pacing.work, pacing.latency
+
+    def tickets(jobs: Sequence[tuple[int, int]]) -> list[Ticket | None] | JSONResponse:
+        try:
+            return pacing.tickets(jobs)
+        except TooLarge as e:
+            return _error(
+                400, str(e), "invalid_request_error", "messages", "context_length_exceeded"
+            )
 
     def unknown_model(req: _GenerationRequest) -> JSONResponse | None:
         if req.model is None or req.model in (sim.served_name, sim.model_path):
@@ -220,6 +194,7 @@ def create_app(sim: SimModel) -> FastAPI:
         prompt = render_chat([(m.role, m.text()) for m in req.messages])
         gen = generate(sim.served_name, prompt, cap(req, req.max_completion_tokens), req.ignore_eos)
         prompt_tokens = count_prompt_tokens(prompt)
+        token_s = latency()  # the pace it is accepted at
         held = tickets([(prompt_tokens, len(gen.tokens))])
         if isinstance(held, JSONResponse):
             return held
@@ -230,11 +205,11 @@ def create_app(sim: SimModel) -> FastAPI:
         }
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            chunks = _chat_chunks(head, gen, prompt_tokens, include_usage, latency_s, held[0])
+            chunks = _chat_chunks(head, gen, prompt_tokens, include_usage, token_s, held[0])
             return StreamingResponse(
-                _released(chunks, held, release), media_type="text/event-stream"
+                released(chunks, held, release), media_type="text/event-stream"
             )
-        await work(held, len(gen.tokens))
+        await work(held, len(gen.tokens), token_s)
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": gen.text},
@@ -255,6 +230,7 @@ def create_app(sim: SimModel) -> FastAPI:
             return _error(400, "prompt is empty", "invalid_request_error", "prompt", "invalid")
         gens = [generate(sim.served_name, p, cap(req), req.ignore_eos) for p in prompts]
         prompt_tokens = sum(count_prompt_tokens(p) for p in prompts)
+        token_s = latency()
         held = tickets(
             [(count_prompt_tokens(p), len(g.tokens)) for p, g in zip(prompts, gens, strict=True)]
         )
@@ -267,11 +243,11 @@ def create_app(sim: SimModel) -> FastAPI:
         }
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            chunks = _completion_chunks(head, gens, prompt_tokens, include_usage, latency_s, held)
+            chunks = _completion_chunks(head, gens, prompt_tokens, include_usage, token_s, held)
             return StreamingResponse(
-                _released(chunks, held, release), media_type="text/event-stream"
+                released(chunks, held, release), media_type="text/event-stream"
             )
-        await work(held, sum(len(g.tokens) for g in gens))
+        await work(held, sum(len(g.tokens) for g in gens), token_s)
         choices = [
             {"index": i, "text": g.text, "logprobs": None, "finish_reason": g.finish_reason}
             for i, g in enumerate(gens)
@@ -282,31 +258,6 @@ def create_app(sim: SimModel) -> FastAPI:
         )
 
     return app
-
-
-async def _released(
-    chunks: AsyncIterator[bytes],
-    held: Sequence[Ticket | None],
-    release: Callable[[Sequence[Ticket | None]], None],
-) -> AsyncIterator[bytes]:
-    """The chunks; the batch places let go when the stream ends or its client goes away."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        release(held)
-
-
-async def _paced(ticket: Ticket | None, index: int, latency_s: float) -> None:
-    """Wait before a stream's token `index`: the batch's first token, then its end; or the
-    fixed latency a token."""
-    if ticket is None:
-        if latency_s > 0:
-            await asyncio.sleep(latency_s)
-    elif index == 0:
-        await ticket.first
-    elif index == 1:
-        await ticket.done
 
 
 async def _chat_chunks(
@@ -323,7 +274,7 @@ async def _chat_chunks(
 
     yield _sse(chunk({"role": "assistant", "content": ""}, None))
     for i, token in enumerate(gen.tokens):
-        await _paced(ticket, i, latency_s)
+        await paced(ticket, i, latency_s)
         yield _sse(chunk({"content": token}, None))
     yield _sse(chunk({}, gen.finish_reason))
     if include_usage:
@@ -344,7 +295,7 @@ async def _completion_chunks(
     for index, gen in enumerate(gens):
         ticket = held[index] if index < len(held) else None
         for i, token in enumerate(gen.tokens):
-            await _paced(ticket, i, latency_s)
+            await paced(ticket, i, latency_s)
             choice = {"index": index, "text": token, "logprobs": None, "finish_reason": None}
             yield _sse({**head, "object": kind, "choices": [choice]})
         last = {"index": index, "text": "", "logprobs": None, "finish_reason": gen.finish_reason}

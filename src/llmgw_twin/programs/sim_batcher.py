@@ -9,6 +9,8 @@ module only waits for it.
 
 Invariants: one timer at most; a request whose client went away leaves the batch at once
 (`cancel`), so it holds no cache; a request too large for the cache is refused before it waits.
+With a pace (a straggler, `sim_pace`), the replica's pace at each submission applies to the
+iterations from then on, as the twin's batch takes it (`twin/world/serving.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 from llmgw_twin.engines.perf.model import BatchEngine, EnginePerf, Served
 
@@ -33,9 +36,15 @@ class Ticket:
 
 
 class Batcher:
-    def __init__(self, perf: EnginePerf, clock_us: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        perf: EnginePerf,
+        clock_us: Callable[[], int] | None = None,
+        pace: Callable[[], Fraction] | None = None,
+    ) -> None:
         self.engine = BatchEngine(perf, stream=True)
         self._clock_us = clock_us
+        self._pace = pace
         self._keys = itertools.count(1)
         self._tickets: dict[int, Ticket] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -49,7 +58,11 @@ class Batcher:
         """A request arrives now; TooLarge when it could never fit."""
         loop = asyncio.get_running_loop()
         key = next(self._keys)
-        if not self.engine.submit(key, self._now_us(), prompt_tokens, output_tokens):
+        now_us = self._now_us()
+        if self._pace is not None and (slow := self._pace()) != self.engine.slow:
+            self.engine.catch_up(now_us)  # the iterations begun before now, at the pace then
+            self.engine.slow = slow
+        if not self.engine.submit(key, now_us, prompt_tokens, output_tokens):
             raise TooLarge(
                 f"{prompt_tokens} prompt and {output_tokens} output tokens are more than the "
                 f"{self.engine.perf.kv_tokens} tokens of KV cache"

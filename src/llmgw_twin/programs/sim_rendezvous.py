@@ -2,9 +2,11 @@
 
 Protocol (newline-delimited JSON, one object a line, each under `MAX_LINE_BYTES`):
 
-    worker -> leader   {"hello": "llmgw-sim/1", "rank": K, "nnodes": N, "model": NAME}
+    worker -> leader   {"hello": "llmgw-sim/2", "rank": K, "nnodes": N, "model": NAME,
+                        "pace": FACTOR}                   (`pace` only with a pace file)
     leader -> worker   {"ok": true}                       joined; the connection stays open
                        {"ok": false, "error": TEXT}       refused; the leader closes it
+    worker -> leader   {"event": "pace", "factor": F}     its node's pace changed (`sim_pace`)
     leader -> worker   {"event": "serving"}               (informational) the replica serves
                        {"event": "shutdown"}              the leader is stopping cleanly
 
@@ -13,12 +15,15 @@ Invariants:
 - A worker is joined from the leader's `{"ok": true}` until its connection closes. A join is
   refused for a wrong protocol, replica size or model name, a rank outside 1..N-1, or a rank
   already joined; a refused worker exits (it is misconfigured, and retrying would not help).
-- Joined connections carry no traffic but the leader's events, so the end of one is the end of
-  that peer: the leader learns of a lost worker by EOF (`LeaderRendezvous.lost` is set, once, with
-  the first lost rank), a worker of a lost leader by EOF without a prior `shutdown`. Either acts
-  on it `PEER_LOSS_NOTICE_S` later, as a real engine's collective notices a dead peer at its next
-  step, not at the instant: the dead peer's own agent, which sees its process end, reports first,
-  as in the twin (where a killed engine's peers notice nothing; a crashed node's, at once).
+- Joined connections carry nothing but the leader's events and the workers' paces, so the end
+  of one is the end of that peer (as is a line that is not the protocol's): the leader learns
+  of a lost worker by EOF (`LeaderRendezvous.lost` is set, once, with the first lost rank), a
+  worker of a lost leader by EOF without a prior `shutdown`. Either acts on it
+  `PEER_LOSS_NOTICE_S` later, as a real engine's collective notices a dead peer at its next
+  step, not at the instant: the dead peer's own agent, which sees its process end, reports
+  first, as in the twin (where a killed engine's peers notice nothing; a crashed node's, at once).
+- The replica runs at its slowest node's pace, as a collective steps at its slowest rank's: the
+  leader keeps each joined worker's latest pace (`slowest`), which its answers take on.
 - Every wait is bounded: a worker dials with exponential backoff until its deadline, and a
   connection that does not say hello within `HELLO_TIMEOUT_S` is dropped.
 - A connection that ends before the leader answered the hello (no leader behind a proxy or a
@@ -33,9 +38,11 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-PROTOCOL = "llmgw-sim/1"
+PROTOCOL = "llmgw-sim/2"
+"""/2: a worker may send its pace after the hello (/1's leader took any line for its end)."""
 MAX_LINE_BYTES = 4096
 HELLO_TIMEOUT_S = 5.0
 BACKOFF_FIRST_S = 0.05
@@ -63,6 +70,17 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.removeprefix("[").removesuffix("]"), int(port_text)
+
+
+def parse_pace(value: object) -> Fraction | None:
+    """A pace as the protocol writes it (`"3"`, `"5/2"`): a fraction of at least 1, else None."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        factor = Fraction(value)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return factor if factor >= 1 else None
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -98,6 +116,10 @@ class LeaderRendezvous:
     all_joined: asyncio.Event = field(default_factory=asyncio.Event)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     lost_rank: int | None = None
+    paces: dict[int, Fraction] = field(default_factory=dict)
+    """Each joined worker's latest pace (a worker without a pace file says none: 1)."""
+    slowest: Fraction = Fraction(1)
+    """The slowest joined worker's pace."""
     _server: asyncio.Server | None = None
     _closing: bool = False
 
@@ -124,7 +146,16 @@ class LeaderRendezvous:
             return f"rank must be 1..{self.nnodes - 1}, got {rank!r}"
         if rank in self.joined:
             return f"rank {rank} has already joined"
+        if "pace" in hello and parse_pace(hello["pace"]) is None:
+            return f"not a pace: {hello['pace']!r}"
         return None
+
+    def _set_pace(self, rank: int, factor: Fraction | None) -> None:
+        if factor is None:
+            self.paces.pop(rank, None)
+        else:
+            self.paces[rank] = factor
+        self.slowest = max(self.paces.values(), default=Fraction(1))
 
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -150,17 +181,19 @@ class LeaderRendezvous:
             return
         rank: int = hello["rank"]
         self.joined[rank] = writer
+        if "pace" in hello:
+            self._set_pace(rank, parse_pace(hello["pace"]))
         writer.write(encode({"ok": True}))
         log.info(
-            "rendezvous: rank %d joined from %s (%d/%d workers)",
+            "rendezvous: rank %d joined from %s (%d/%d workers)%s",
             rank, peer, len(self.joined), self.nnodes - 1,
+            f", at pace {self.paces[rank]}" if rank in self.paces else "",
         )  # fmt: skip
         if not self.waiting_for:
             self.all_joined.set()
-        # Workers send nothing after hello: whatever comes next, EOF or bytes, ends the peer.
-        with contextlib.suppress(ConnectionError, ValueError, asyncio.LimitOverrunError):
-            await reader.read(1)
+        await self._follow(rank, reader)
         del self.joined[rank]
+        self._set_pace(rank, None)
         writer.close()
         try:
             await asyncio.sleep(PEER_LOSS_NOTICE_S)
@@ -171,6 +204,25 @@ class LeaderRendezvous:
         if not self._closing and not self.lost.is_set():
             self.lost_rank = rank
             self.lost.set()
+
+    async def _follow(self, rank: int, reader: asyncio.StreamReader) -> None:
+        """Take a joined worker's paces until its connection ends (EOF, or a line that is not
+        the protocol's: the peer is then taken for gone)."""
+        while True:
+            try:
+                message = await read_message(reader)
+            except (RendezvousError, ConnectionError) as e:
+                log.warning("rendezvous: rank %d: %s", rank, e)
+                return
+            if message is None:
+                return
+            factor = parse_pace(message.get("factor"))
+            if message.get("event") != "pace" or factor is None:
+                log.warning("rendezvous: rank %d sent %s", rank, json.dumps(message)[:80])
+                return
+            if factor != self.paces.get(rank, Fraction(1)):
+                log.info("rendezvous: rank %d runs at pace %s", rank, factor)
+            self._set_pace(rank, factor)
 
     def broadcast(self, event: str) -> None:
         for writer in self.joined.values():
@@ -216,6 +268,11 @@ class WorkerLink:
                 return True
             log.info("leader: %s", event)
 
+    def send_pace(self, factor: Fraction) -> None:
+        """Tell the leader this worker's node now runs at `factor` (`sim_pace`)."""
+        with contextlib.suppress(ConnectionError):
+            self.writer.write(encode({"event": "pace", "factor": str(factor)}))
+
     def close(self) -> None:
         self.writer.close()
 
@@ -229,15 +286,20 @@ async def join(
     model: str,
     deadline_s: float,
     source_host: str | None = None,
+    pace: Fraction | None = None,
 ) -> WorkerLink:
     """Dial the leader and say hello until it answers or `deadline_s` (loop time) passes; from
     `source_host` when given (the node's own address, as its traffic leaves a real node: on one
-    machine's loopback it would leave from 127.0.0.1 whatever the node)."""
+    machine's loopback it would leave from 127.0.0.1 whatever the node); `pace`: its node's, said
+    in the hello (a worker with a pace file), so the leader has it from the join on."""
     local = None if source_host is None else (source_host, 0)
     loop = asyncio.get_running_loop()
     delay = BACKOFF_FIRST_S
     attempts = 0
-    hello = encode({"hello": PROTOCOL, "rank": rank, "nnodes": nnodes, "model": model})
+    said: dict[str, Any] = {"hello": PROTOCOL, "rank": rank, "nnodes": nnodes, "model": model}
+    if pace is not None:
+        said["pace"] = str(pace)
+    hello = encode(said)
     while True:
         attempts += 1
         why: object = "it closed the connection before answering"

@@ -18,6 +18,12 @@ Invariants:
   includes its own start-up: the interpreter and the web stack's imports are part of it, not
   added to it, so a shard serves `--load-time-ms` after it was launched however busy the machine
   is (unless starting alone takes longer).
+- With `--pace-file` (`sim_pace`), the node's pace when the process started scales its load
+  time, and a request the leader accepts is served at the replica's pace then: the slowest of
+  its own node's and its workers' (each worker tells its leader, `sim_rendezvous`), as the twin's
+  straggler (`slow_node`). A worker with `--ready-file` writes that file once it has loaded and
+  joined: its agent reads it ready by it (a worker opens no port), so a replica is ready only
+  once its slowest shard has loaded, as in the twin, while its leader serves on its own load.
 - SIGTERM or SIGINT stops a shard cleanly with exit 0; a leader tells its workers `shutdown`
   first, so they exit 0 as well.
 - Every wait is bounded: joins by `--join-timeout-ms` (exit 3), shutdown by uvicorn's graceful
@@ -33,30 +39,23 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from fractions import Fraction
 
 from llmgw_twin.engines.perf.model import EnginePerf
 from llmgw_twin.engines.perf.table import perf_from_arg
-from llmgw_twin.programs.sim_rendezvous import (
-    PEER_LOSS_NOTICE_S,
-    LeaderRendezvous,
-    RendezvousError,
-    RendezvousTimeout,
-    join,
-    parse_endpoint,
-)
+from llmgw_twin.programs.sim_pace import ONE, PaceFile, boottime_ns, slowed_ms
+from llmgw_twin.programs.sim_pacing import replica_pace
+from llmgw_twin.programs.sim_rendezvous import LeaderRendezvous, parse_endpoint
+from llmgw_twin.programs.sim_tasks import Tasks, stop_on_signals
 
 EXIT_OK, EXIT_PEER_LOST, EXIT_CONFIG, EXIT_JOIN_TIMEOUT = 0, 1, 2, 3
 DEFAULT_JOIN_TIMEOUT_MS = 600_000
 GRACEFUL_SHUTDOWN_S = 2
-
-T = TypeVar("T")
 
 log = logging.getLogger("llmgw_twin.sim_engine")
 
@@ -79,6 +78,10 @@ class EngineConfig:
     perf_model: EnginePerf | None = None
     source_host: str | None = None
     """A worker's connection to its leader leaves from this address (None: the system's)."""
+    pace_file: str | None = None
+    """The node's pace file (`sim_pace`); None: this engine always runs at pace 1."""
+    ready_file: str | None = None
+    """A worker writes this file once it has loaded and joined (None: it writes none)."""
 
 
 def process_age_s() -> float:
@@ -92,9 +95,23 @@ def process_age_s() -> float:
         return 0.0
 
 
-async def _load(cfg: EngineConfig) -> None:
-    """The simulated load: whatever of `load_time_ms` the process's start-up left."""
-    await asyncio.sleep(max(0.0, cfg.load_time_ms / 1000 - process_age_s()))
+def start_pace(pace: PaceFile | None) -> Fraction:
+    """The node's pace when this process started (1 without a pace file). /proc gives the start
+    in whole clock ticks, rounded down: the tick's end is taken, so a change made just before
+    the process started counts for it (one made within a tick after it would too)."""
+    if pace is None:
+        return ONE
+    now_ns = boottime_ns()
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return pace.at(min(now_ns, now_ns - int(process_age_s() * 1e9) + tick_ns))
+
+
+async def _load(cfg: EngineConfig, pace: Fraction = ONE) -> int:
+    """The simulated load at `pace` (the node's at the process's start): whatever of the load
+    time the process's start-up left. Returns the load time it took, in ms."""
+    load_ms = slowed_ms(cfg.load_time_ms, pace)
+    await asyncio.sleep(max(0.0, load_ms / 1000 - process_age_s()))
+    return load_ms
 
 
 def _non_negative(text: str) -> int:
@@ -156,6 +173,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="simulated load, counted from the process's start",
     )
+    parser.add_argument(
+        "--pace-file",
+        metavar="PATH",
+        help="the node's pace file (set by the agent): the load time is scaled by the pace at "
+        "the process's start, each request by the replica's slowest node's pace when it is "
+        "accepted (default: pace 1)",
+    )
+    parser.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="workers only (set by the agent): write this file once loaded and joined",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="leader only: HTTP address")  # noqa: S104
     parser.add_argument("--port", type=_positive, default=8000, help="leader only: HTTP port")
     parser.add_argument(
@@ -208,6 +237,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
         join_timeout_ms=args.join_timeout_ms,
         log_level=args.log_level,
         perf_model=args.perf_model,
+        pace_file=args.pace_file,
+        ready_file=args.ready_file,
     )
 
 
@@ -222,7 +253,12 @@ def main(args: argparse.Namespace) -> int:
         format=f"%(asctime)s sim-engine rank {cfg.rank}/{cfg.nnodes} %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    run = run_leader(cfg) if cfg.rank == 0 else run_worker(cfg)
+    if cfg.rank == 0:
+        run = run_leader(cfg)
+    else:
+        from llmgw_twin.programs.sim_worker import run_worker  # the leader never needs it
+
+        run = run_worker(cfg)
     code = asyncio.run(run)
     # Everything is closed and said: skip the interpreter's teardown of the web stack (a tenth
     # of a second, several on busy cores), which would only delay the agent's next shard on
@@ -231,48 +267,6 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: signal.Signals) -> None:
-        log.info("received %s", sig.name)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    return stop
-
-
-class _Tasks:
-    """Named tasks awaited together; whatever is left is cancelled on exit."""
-
-    def __init__(self) -> None:
-        self._names: dict[asyncio.Task[Any], str] = {}
-
-    def add(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        task = asyncio.create_task(coro)
-        self._names[task] = name
-        return task
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._names.values()
-
-    async def next(self, timeout_s: float | None = None) -> list[tuple[str, asyncio.Task[Any]]]:
-        """The tasks that finished first, by name (none once `timeout_s` passed), now removed."""
-        done, _ = await asyncio.wait(
-            set(self._names), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-        )
-        ordered = sorted(done, key=lambda t: self._names[t])
-        return [(self._names.pop(t), t) for t in ordered]
-
-    async def cancel_all(self) -> None:
-        for task in self._names:
-            task.cancel()
-        await asyncio.gather(*self._names, return_exceptions=True)
-        self._names.clear()
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -296,7 +290,7 @@ async def run_leader(cfg: EngineConfig) -> int:
     from llmgw_twin.programs import sim_api  # noqa: F401
 
     loop = asyncio.get_running_loop()
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     rdv = LeaderRendezvous(cfg.nnodes, cfg.served_name)
     if cfg.nnodes == 1:
         rdv.all_joined.set()
@@ -310,7 +304,7 @@ async def run_leader(cfg: EngineConfig) -> int:
             log.error("cannot bind the rendezvous port %s:%d: %s", host, port, e)
             return EXIT_CONFIG
         log.info("rendezvous listening on %s:%d, waiting for ranks %s", host, port, rdv.waiting_for)
-    tasks = _Tasks()
+    tasks = Tasks()
     try:
         return await _lead(cfg, loop, stop, rdv, tasks)
     finally:
@@ -322,10 +316,11 @@ async def _lead(
     loop: asyncio.AbstractEventLoop,
     stop: asyncio.Event,
     rdv: LeaderRendezvous,
-    tasks: _Tasks,
+    tasks: Tasks,
 ) -> int:
     join_deadline = loop.time() + cfg.join_timeout_ms / 1000
-    tasks.add("load", _load(cfg))
+    pace = PaceFile(cfg.pace_file) if cfg.pace_file is not None else None
+    tasks.add("load", _load(cfg, start_pace(pace)))
     tasks.add("join", rdv.all_joined.wait())
     tasks.add("stop", stop.wait())
     tasks.add("lost", rdv.lost.wait())
@@ -336,7 +331,7 @@ async def _lead(
             log.error("rendezvous timed out: ranks %s never joined", rdv.waiting_for)
             await rdv.close(clean=False)
             return EXIT_JOIN_TIMEOUT
-        for name, _ in finished:
+        for name, task in finished:
             if name == "stop":
                 log.info("stopping before serving")
                 await rdv.close(clean=True)
@@ -346,13 +341,18 @@ async def _lead(
                 await rdv.close(clean=False)
                 return EXIT_PEER_LOST
             if name == "load":
-                log.info("loaded in %d ms", cfg.load_time_ms)
+                log.info("loaded in %d ms", task.result())
             if name == "join" and cfg.nnodes > 1:
                 log.info("all %d workers joined", cfg.nnodes - 1)
-    return await _serve(cfg, rdv, tasks)
+    return await _serve(cfg, rdv, tasks, replica_pace(pace, rdv))
 
 
-async def _serve(cfg: EngineConfig, rdv: LeaderRendezvous, tasks: _Tasks) -> int:
+async def _serve(
+    cfg: EngineConfig,
+    rdv: LeaderRendezvous,
+    tasks: Tasks,
+    pace: Callable[[], Fraction] | None = None,
+) -> int:
     from llmgw_twin.programs.sim_api import SimModel, http_server
 
     try:
@@ -363,13 +363,14 @@ async def _serve(cfg: EngineConfig, rdv: LeaderRendezvous, tasks: _Tasks) -> int
         return EXIT_CONFIG
     from llmgw_twin.programs.sim_batcher import Batcher
 
-    batcher = None if cfg.perf_model is None else Batcher(cfg.perf_model)
+    batcher = None if cfg.perf_model is None else Batcher(cfg.perf_model, pace=pace)
     sim = SimModel(
         cfg.served_name,
         cfg.model_path,
         cfg.token_latency_ms,
         cfg.max_tokens_default,
         batcher=batcher,
+        pace=pace,
     )
     server = http_server(sim, cfg.log_level, GRACEFUL_SHUTDOWN_S)
     serving = tasks.add("serve", server.serve(sockets=[sock]))
@@ -391,51 +392,3 @@ async def _serve(cfg: EngineConfig, rdv: LeaderRendezvous, tasks: _Tasks) -> int
     sock.close()
     await rdv.close(clean=code == EXIT_OK)
     return code
-
-
-async def run_worker(cfg: EngineConfig) -> int:
-    loop = asyncio.get_running_loop()
-    stop = _stop_on_signals()
-    assert cfg.rendezvous is not None
-    host, port = cfg.rendezvous
-    tasks = _Tasks()
-    deadline = loop.time() + cfg.join_timeout_ms / 1000
-    try:
-        tasks.add("load", _load(cfg))
-        joining = tasks.add(
-            "join",
-            join(host, port, rank=cfg.rank, nnodes=cfg.nnodes, model=cfg.served_name,
-                 deadline_s=deadline, source_host=cfg.source_host),
-        )  # fmt: skip
-        tasks.add("stop", stop.wait())
-        while True:
-            for name, task in await tasks.next():
-                if name == "stop":
-                    log.info("stopping")
-                    if joining.done() and not joining.cancelled() and not joining.exception():
-                        joining.result().close()
-                    return EXIT_OK
-                if name == "load":
-                    log.info("loaded in %d ms", cfg.load_time_ms)
-                if name == "join":
-                    try:
-                        link = task.result()
-                    except RendezvousTimeout as e:
-                        log.error("rendezvous timed out: %s", e)
-                        return EXIT_JOIN_TIMEOUT
-                    except RendezvousError as e:
-                        log.error("%s", e)
-                        return EXIT_CONFIG
-                    log.info("joined leader %s:%d as rank %d", host, port, cfg.rank)
-                    tasks.add("leader", link.wait_end())
-                if name == "leader":
-                    link.close()
-                    if task.result():
-                        log.info("the leader shut down")
-                        return EXIT_OK
-                    tasks.add("noticed", asyncio.sleep(PEER_LOSS_NOTICE_S))
-                if name == "noticed":  # a stop meanwhile is a clean one
-                    log.error("lost the leader %s:%d", host, port)
-                    return EXIT_PEER_LOST
-    finally:
-        await tasks.cancel_all()

@@ -35,6 +35,7 @@ import yaml
 from llmgw_twin.control.model import NodeId, Timings
 from llmgw_twin.realmode.controllers import RealControllers, controller_names, store_faults
 from llmgw_twin.realmode.fabric import RealFabrics
+from llmgw_twin.realmode.pace import pace_path, slows
 from llmgw_twin.realmode.pgstore import RealPostgres
 from llmgw_twin.realmode.ports import lease_ports
 from llmgw_twin.realmode.procs import alive_after as _alive_after
@@ -255,7 +256,7 @@ class RealCluster:
                 "log_dir": str(self.workdir / "logs" / info.node),
                 "policy": {"model_dirs": models},
                 "credential": str(self._credential_path(info.node)),
-            }
+            } | ({"sim_pace_file": str(pace_path(root))} if slows(self.scenario) else {})
             if info.topology is not None:  # a fake root tells none: the config names it
                 place = {
                     "leaf": info.topology.leaf,

@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from fractions import Fraction
 from typing import assert_never
 
 import httpx
@@ -22,6 +23,7 @@ from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.controllers import RealControllers
 from llmgw_twin.realmode.links import LinkFaults
+from llmgw_twin.realmode.pace import NodePaces
 from llmgw_twin.realmode.procs import children_groups
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
@@ -97,6 +99,7 @@ class RealFaults:
             self._tasks,
             self._pending,
         )
+        self._paces = NodePaces(cluster.workdir / "nodes", self._pending)
 
     def boot_ahead(self, t0: float) -> None:
         """Start ahead the processes that a fault brings up, each serving from its instant:
@@ -245,9 +248,14 @@ class RealFaults:
             case AddNode(info=info):
                 self._add_node(fault, info.node)
             case (
+                SlowNode(node=node, factor_num=num, factor_den=den, for_ms=for_ms)
+                | NvlinkDegraded(node=node, factor_num=num, factor_den=den, for_ms=for_ms)
+            ):
+                self._paces.slow(node, Fraction(num, den), for_ms)
+            case (
                 (KillController() | StallController() | PartitionController() | StoreDown())
                 | ClockSkew()
-                | (SlowNode() | DelayHeartbeats() | NvlinkDegraded())
+                | DelayHeartbeats()
             ):
                 raise AssertionError("refused up front (check_real_supported)")
             case _:

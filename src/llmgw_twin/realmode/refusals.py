@@ -63,6 +63,8 @@ SUPPORTED = (
     CutFabricLink,
     LeafDown,
     SpineDown,
+    SlowNode,
+    NvlinkDegraded,
 )
 
 
@@ -83,18 +85,9 @@ REFUSED: dict[type, str] = {
         "time is that machine's, so one controller's clock cannot run fast or slow without a "
         "per-process clock (faketime), which real mode does not use (the twin models it)"
     ),
-    SlowNode: (
-        "the sim engine takes its load time as a flag at start and has no pace to change while "
-        "it runs, so a straggler runs in the twin only"
-    ),
     DelayHeartbeats: (
         "the proxy between an agent and the controller cuts (a partition) but does not hold "
         "messages back, so late heartbeats run in the twin only"
-    ),
-    NvlinkDegraded: (
-        "a degraded NVLink makes a node's engines slower, and the sim engine takes its load time "
-        "as a flag at start with no pace to change while it runs (as slow_node), so it runs in "
-        "the twin only"
     ),
 }
 """Why a fault the twin models is refused up front here."""
@@ -104,6 +97,12 @@ BY_DIALLER_REFUSED = (
     "node's own address (`--source-host`); llama.cpp's and vLLM's leave from 127.0.0.1 on one "
     "machine, so a fault that parts some nodes of a fabric and not others needs every "
     "multi-node profile on the sim engine"
+)
+
+SLOW_REFUSED = (
+    "a slowdown makes a node's engines run slower, and only the sim engine reads a pace (its "
+    "node's pace file, `--pace-file`); llama.cpp, vLLM and SGLang run at their own speed, so a "
+    "slowdown needs every profile on the sim engine"
 )
 
 DOMAIN_BACK_REFUSED = (
@@ -173,6 +172,13 @@ def check_real_supported(scenario: Scenario) -> None:
             raise ValueError(
                 f"{scenario.path}:{fault.line}: this fault (nvlink_domain_down) is not supported "
                 f"in real mode yet: {DOMAIN_BACK_REFUSED}"
+            )
+        slow = isinstance(fault.action, (SlowNode, NvlinkDegraded))
+        if slow and any(p.engine != "sim" for p in scenario.profiles):
+            action = fault_subjects(fault)["action"]
+            raise ValueError(
+                f"{scenario.path}:{fault.line}: this fault ({action}) is not supported in real "
+                f"mode with these profiles: {SLOW_REFUSED}"
             )
         by_dialler = isinstance(fault.action, (CutFabricLink, LeafDown, SpineDown))
         if by_dialler and any(p.nodes > 1 and p.engine != "sim" for p in scenario.profiles):

@@ -11,9 +11,12 @@ Readiness, as reported to the core:
   sidecar's `GET /engine` says the engine's health URL answers 200;
 - a rank whose adapter says it listens (llama.cpp's RPC worker) has joined once its sidecar says
   its port accepts connections;
-- a rank that opens no port (a sim worker) has joined (`EngineJoined`) once its process has
-  stayed up for `worker_settle`; the leader's health then speaks for the replica, as the sim
-  leader serves only when every worker has joined;
+- a sim worker, which opens no port, has joined (`EngineJoined`) once its sidecar finds the ready
+  file the agent gave it (`--ready-file`): written once it has loaded and joined its leader, so a
+  worker slower than its leader holds the replica back, as the twin's does;
+- any other rank that opens no port has joined once its process has stayed up for
+  `worker_settle`; the leader's health then speaks for the replica, as the sim leader serves only
+  when every worker has joined;
 - an engine not ready within `ready_timeout_ms` is stopped and reported exited.
 
 Invariants:

@@ -99,6 +99,8 @@ class AgentFile(_Strict):
     probe_interval: Duration = "5s"
     log_dir: Text | None = None
     run_state: Text | None = None
+    sim_pace_file: Text | None = None
+    """The node's pace file, handed to its sim engines (`--pace-file`; real mode's stragglers)."""
     policy: PolicyC = PolicyC()
     credential: Text | None = None
     controller_tls: ClientTlsC | None = None
@@ -153,6 +155,18 @@ class AgentSettings:
     """The listener's connection cap, timeouts and head bound (`listener.py`)."""
     topology: NodeTopology | None = None
     """The node's leaf, spine and NVLink domain, as the config names them (None: not known)."""
+    sim_pace_file: Path | None = None
+    """The node's pace file for its sim engines (`--pace-file`, `programs/sim_pace.py`): how
+    many times slower they run, which real mode's `slow_node` and `nvlink_degraded` write;
+    None: they run at pace 1."""
+
+    @property
+    def ready_dir(self) -> Path | None:
+        """Where the node's sim workers write their ready files (`--ready-file`): beside the
+        run-state file; None without one (they are then judged by their process)."""
+        if self.run_state is None:
+            return None
+        return self.run_state.parent / f"{self.node}.ready"
 
     @property
     def engine_names(self) -> tuple[str, ...]:
@@ -253,6 +267,7 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         tls=tls,
         controller_tls=client_tls(path, f.controller_tls),
         run_state=relative(path, f.run_state or f"{_state_dir()}/{f.node}.run.json"),
+        sim_pace_file=relative(path, f.sim_pace_file) if f.sim_pace_file is not None else None,
     )
 
 

@@ -61,6 +61,7 @@ def launch_context(settings: AgentSettings, spec: ShardSpec, http_port: int) -> 
         nodes = replica_nodes(spec)
     except ValueError as e:
         raise Refusal(str(e), EXIT_BAD_SPEC) from None
+    pace = settings.sim_pace_file
     return LaunchContext(
         leader_host=settings.address_of(spec.leader),
         http_port=http_port,
@@ -68,7 +69,15 @@ def launch_context(settings: AgentSettings, spec: ShardSpec, http_port: int) -> 
         worker_binary=binaries.worker_binary if binaries is not None else None,
         bind_host=settings.engine_host,
         node_addresses=tuple((n, settings.address_of(n)) for n in dict.fromkeys(nodes)),
+        pace_file=str(pace) if pace is not None else None,
+        ready_file=ready_file(settings, spec),
     )
+
+
+def ready_file(settings: AgentSettings, spec: ShardSpec) -> str | None:
+    """Where the shard's rank may say it is ready, if it opens no port (`Readiness.FILE`)."""
+    ready_dir = settings.ready_dir
+    return None if ready_dir is None else str(ready_dir / f"{spec.replica}-{spec.rank}")
 
 
 def engine_launch(settings: AgentSettings, spec: ShardSpec, http_port: int) -> Launch:
@@ -128,6 +137,8 @@ class Probe:
 
 def probe_for(settings: AgentSettings, launch: Launch) -> Probe:
     host = settings.engine_host
+    if launch.readiness is Readiness.FILE and launch.ready_file:
+        return Probe(("--probe-file", launch.ready_file), False)
     if launch.readiness is Readiness.HTTP_200 and launch.port and launch.health_path:
         return Probe(("--probe-http", f"http://{host}:{launch.port}{launch.health_path}"), False)
     if launch.readiness is Readiness.TCP_LISTEN and launch.port:

@@ -240,7 +240,7 @@ SIM = ProgramRules(
     held=_held(
         AGENT,
         *("--host", "--port", "--rendezvous", "--rendezvous-bind", "--source-host"),
-        *("--nnodes", "--node-rank"),
+        *("--nnodes", "--node-rank", "--pace-file", "--ready-file"),
     ),
     checks_model_path=False,
 )

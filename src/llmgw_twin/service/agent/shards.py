@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import subprocess
@@ -141,6 +142,8 @@ class ShardRunner:
         self._client = httpx.AsyncClient(timeout=2.0, trust_env=False)
         if self.settings.log_dir is not None:
             self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.settings.ready_dir is not None:
+            self.settings.ready_dir.mkdir(parents=True, exist_ok=True)
         if self.settings.engines and not self.settings.policy.model_dirs:
             log.warning(
                 "policy.model_dirs is empty: every engine but sim will be refused its model "
@@ -224,6 +227,9 @@ class ShardRunner:
             log.error("shard %s/%d: engine asked for out of turn", spec.replica, spec.rank)
             return
         argv = procs.argv
+        if procs.launch.ready_file is not None:  # an earlier engine's of this key, killed
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(procs.launch.ready_file)
         try:
             env = {**os.environ, **dict(procs.launch.env)}
             procs.engine = self._spawn(argv, env, spec, "engine")

@@ -6,8 +6,10 @@ sidecar answers. The sidecar serves, on a loopback port:
 - `GET /health` -> 200 `{"status": "ok", "shard": ...}` once it is up;
 - `GET /engine` -> 200 `{"shard", "probe", "target", "up", "detail"}`: the engine's state, read
   at the moment of the request: `probe: "http"` GETs the engine's health URL (up on a 200),
-  `probe: "tcp"` connects to the engine's port (up when it accepts), `probe: "none"` for a rank
-  that opens no port (`up` is then null: the agent judges it by its process).
+  `probe: "tcp"` connects to the engine's port (up when it accepts), `probe: "file"` looks for
+  the file a rank that opens no port writes once ready (a sim worker's `--ready-file`: up when it
+  exists), `probe: "none"` for a rank that opens no port and writes no such file (`up` is then
+  null: the agent judges it by its process).
 
 Invariants: stdlib only (it starts in well under a second and costs a few MiB); every probe is
 one bounded attempt (`PROBE_TIMEOUT_S`), direct to the address given (no proxy); it serves
@@ -38,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     probe = parser.add_mutually_exclusive_group()
     probe.add_argument("--probe-http", metavar="URL", help="the engine's health URL")
     probe.add_argument("--probe-tcp", metavar="HOST:PORT", help="the engine's listening port")
+    probe.add_argument("--probe-file", metavar="PATH", help="the file the engine writes when ready")
 
 
 def probe_http(url: str) -> tuple[bool, str]:
@@ -71,6 +74,10 @@ def engine_state(args: argparse.Namespace) -> dict[str, Any]:
     if args.probe_tcp:
         up, detail = probe_tcp(args.probe_tcp)
         return {"probe": "tcp", "target": args.probe_tcp, "up": up, "detail": detail}
+    if args.probe_file:
+        up = os.path.exists(args.probe_file)
+        detail = "written" if up else "not written yet"
+        return {"probe": "file", "target": args.probe_file, "up": up, "detail": detail}
     return {"probe": "none", "target": None, "up": None, "detail": "the rank opens no port"}
 
 
