@@ -59,8 +59,11 @@ timeouts: {{connect: 1s, first_byte: 20s, between_chunks: 10s}}
 ejection: {{failures: 3, base: 2s, max: 10s}}
 """
 
-MAX_REQUESTS = 2_000
+MAX_REQUESTS = 20_000
 """The most requests the background client sends: a bound, whatever happens."""
+PACE_S = 0.005
+"""Between one answer and the next request: the client must still be sending once the
+controller is back (2,000 back-to-back requests were over before that)."""
 
 
 @pytest.fixture
@@ -94,7 +97,7 @@ class Traffic:
     def _run(self) -> None:
         with httpx.Client(base_url=self.base, trust_env=False, timeout=30) as client:
             for i in range(MAX_REQUESTS):
-                if self._stop.is_set():
+                if self._stop.wait(PACE_S):
                     return
                 body = {
                     "model": "tiny",

@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from llmgw_twin.control.model import ReplicaId
 from llmgw_twin.service.router.request_metrics import ReplicaAnswer
@@ -38,6 +38,11 @@ class Answer(Protocol):
 
     @property
     def is_success(self) -> bool: ...
+
+    @property
+    def ended(self) -> bool:
+        """The whole body arrived and was taken (False where that is not known ahead)."""
+        ...
 
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None: ...
 
@@ -82,10 +87,13 @@ class Relay(ReplicaAnswer, StreamingResponse):
         self._first = first
 
     async def _relay(self, send: Send) -> None:
-        await send({"type": "http.response.body", "body": self._first, "more_body": True})
+        # a piece that is the answer's last goes out with the end of the answer, in one write
+        answer = self._answer
+        await send(_body(self._first, more=not answer.ended))
+        if answer.ended:
+            return
         between_ms = self._forwarder.timeouts.between_chunks_ms
         between_s = between_ms / 1000
-        answer = self._answer
         while True:
             try:
                 chunk = await answer.next_chunk(between_s)
@@ -95,9 +103,12 @@ class Relay(ReplicaAnswer, StreamingResponse):
                 message, code = f"the replica cut its answer: {e}", "upstream_cut"
             else:
                 if chunk is None:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await send(_body(b"", more=False))
                     return
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                ended = answer.ended
+                await send(_body(chunk, more=not ended))
+                if ended:
+                    return
                 continue
             break
         self._forwarder.cut += 1
@@ -134,6 +145,10 @@ class Relay(ReplicaAnswer, StreamingResponse):
             if self.watch is not None:
                 self.watch.stream_ended(cut=not self._pick.ok)
             await self._answer.aclose()
+
+
+def _body(data: bytes, more: bool) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": more}
 
 
 async def _disconnect(receive: Receive) -> None:

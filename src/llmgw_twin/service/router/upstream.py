@@ -235,6 +235,11 @@ class UpstreamAnswer:
     def is_success(self) -> bool:
         return 200 <= self.status < 300
 
+    @property
+    def ended(self) -> bool:
+        """The whole body has arrived and been taken: the next read would say None."""
+        return self._conn.complete and not self._conn._chunks
+
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
         """What of the body arrived since the last call, waiting at most `timeout_s` for some
         (`TimeoutError`); None at its end (`UpstreamError`: cut)."""

@@ -26,6 +26,9 @@ class HttpxAnswer:
         self.status = response.status_code
         self.content_type = response.headers.get("content-type")
 
+    ended = False
+    """Not known ahead: the end shows as a read that says None."""
+
     @property
     def is_success(self) -> bool:
         return 200 <= self.status < 300
