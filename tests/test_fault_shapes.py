@@ -1,6 +1,6 @@
 """The fault shapes real fleets show: `cut_fabric_link`, `slow_node`, `delay_heartbeats` and
 `add_node` -- the loader's errors, what each does in the twin, the report versions that keep a
-late report from undoing a newer one, the fuzzer's draws, and real mode's refusals."""
+late report from undoing a newer one, the fuzzer's draws, and what real mode takes."""
 
 from __future__ import annotations
 
@@ -330,17 +330,11 @@ def test_a_shape_seed_runs_clean() -> None:
 # --- real mode ---------------------------------------------------------------------------------
 
 
-def test_real_mode_refuses_the_shapes_it_has_no_means_for_and_says_why() -> None:
-    name = "delay-heartbeats"
-    with pytest.raises(ValueError, match="not supported in real mode yet: ") as got:
-        check_real_supported(scenario(name))
-    assert f"{name}.yaml:" in str(got.value)
-
-
-def test_real_mode_takes_an_added_node_a_cut_link_and_a_straggler() -> None:
+def test_real_mode_takes_every_shape() -> None:
     check_real_supported(scenario("add-node"))
     check_real_supported(scenario("cut-fabric-link"))  # tests/test_real_links.py
     check_real_supported(scenario("slow-node"))  # tests/test_real_pace.py
+    check_real_supported(scenario("delay-heartbeats"))  # tests/test_real_late.py
 
 
 def test_real_mode_slows_only_the_sim_engine_and_says_so() -> None:

@@ -30,8 +30,6 @@ from helpers.real_runs import marked
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSED = {
-    "delay-heartbeats": "late heartbeats run in the twin only",
-    "lost-timeout-tradeoff": "late heartbeats run in the twin only",
     "autoscale-diurnal": "the autoscaler runs in the twin only",
     "autoscale-from-zero": "the autoscaler runs in the twin only",
     "controller-clock-skew": "without a per-process clock (faketime)",

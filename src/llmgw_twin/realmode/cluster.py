@@ -35,6 +35,7 @@ import yaml
 from llmgw_twin.control.model import NodeId, Timings
 from llmgw_twin.realmode.controllers import RealControllers, controller_names, store_faults
 from llmgw_twin.realmode.fabric import RealFabrics
+from llmgw_twin.realmode.late import delays, late_path
 from llmgw_twin.realmode.pace import pace_path, slows
 from llmgw_twin.realmode.pgstore import RealPostgres
 from llmgw_twin.realmode.ports import lease_ports
@@ -230,7 +231,7 @@ class RealCluster:
                 await proxy.start()
             engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
             first, last = self.ports.range_of(i)
-            config = {
+            config: dict[str, object] = {
                 "node": info.node,
                 "controller": f"http://127.0.0.1:{to_controller.port}",
                 "controllers": [f"http://127.0.0.1:{p.port}" for p in others],
@@ -256,7 +257,11 @@ class RealCluster:
                 "log_dir": str(self.workdir / "logs" / info.node),
                 "policy": {"model_dirs": models},
                 "credential": str(self._credential_path(info.node)),
-            } | ({"sim_pace_file": str(pace_path(root))} if slows(self.scenario) else {})
+            }
+            if slows(self.scenario):
+                config["sim_pace_file"] = str(pace_path(root))
+            if delays(self.scenario):
+                config["late_heartbeats_file"] = str(late_path(root))
             if info.topology is not None:  # a fake root tells none: the config names it
                 place = {
                     "leaf": info.topology.leaf,

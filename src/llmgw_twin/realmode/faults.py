@@ -22,6 +22,7 @@ import httpx
 from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.controllers import RealControllers
+from llmgw_twin.realmode.late import NodeLateness
 from llmgw_twin.realmode.links import LinkFaults
 from llmgw_twin.realmode.pace import NodePaces
 from llmgw_twin.realmode.procs import children_groups
@@ -100,6 +101,7 @@ class RealFaults:
             self._pending,
         )
         self._paces = NodePaces(cluster.workdir / "nodes", self._pending)
+        self._late = NodeLateness(cluster.workdir / "nodes", self._pending)
 
     def boot_ahead(self, t0: float) -> None:
         """Start ahead the processes that a fault brings up, each serving from its instant:
@@ -252,11 +254,11 @@ class RealFaults:
                 | NvlinkDegraded(node=node, factor_num=num, factor_den=den, for_ms=for_ms)
             ):
                 self._paces.slow(node, Fraction(num, den), for_ms)
+            case DelayHeartbeats(nodes=nodes, by_ms=by_ms, for_ms=for_ms):
+                self._late.delay(nodes, by_ms, for_ms)
             case (
-                (KillController() | StallController() | PartitionController() | StoreDown())
-                | ClockSkew()
-                | DelayHeartbeats()
-            ):
+                KillController() | StallController() | PartitionController() | StoreDown()
+            ) | ClockSkew():
                 raise AssertionError("refused up front (check_real_supported)")
             case _:
                 assert_never(fault.action)

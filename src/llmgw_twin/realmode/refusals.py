@@ -65,6 +65,7 @@ SUPPORTED = (
     SpineDown,
     SlowNode,
     NvlinkDegraded,
+    DelayHeartbeats,
 )
 
 
@@ -84,10 +85,6 @@ REFUSED: dict[type, str] = {
         "every process on one machine reads the same monotonic and wall clock, and the store's "
         "time is that machine's, so one controller's clock cannot run fast or slow without a "
         "per-process clock (faketime), which real mode does not use (the twin models it)"
-    ),
-    DelayHeartbeats: (
-        "the proxy between an agent and the controller cuts (a partition) but does not hold "
-        "messages back, so late heartbeats run in the twin only"
     ),
 }
 """Why a fault the twin models is refused up front here."""

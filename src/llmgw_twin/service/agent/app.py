@@ -62,6 +62,7 @@ from llmgw_twin.control.protocol import (
     StopShard,
 )
 from llmgw_twin.service.agent.config import AgentSettings
+from llmgw_twin.service.agent.late import LateHeartbeats
 from llmgw_twin.service.agent.node_info import read_node_info
 from llmgw_twin.service.agent.node_watch import NodeWatch, engines_on, poll_interval_ms
 from llmgw_twin.service.agent.shards import ShardRunner
@@ -216,9 +217,20 @@ class AgentRuntime:
 
     async def _heartbeats(self) -> None:
         interval_s = self.settings.heartbeat_interval_ms / 1000
+        late_file = self.settings.late_heartbeats_file
+        late = None if late_file is None else LateHeartbeats(late_file)
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval_s)
-            self._feed(HeartbeatDue())
+            late_ms = 0 if late is None else late.now_ms()
+            if late_ms == 0:  # on time (the late ones still on their way may come after it)
+                self._feed(HeartbeatDue())
+                continue
+            # held back (`late.py`): the report as it is now, posted later, in the order sent;
+            # the core answers a heartbeat's timer with its report and nothing else
+            assert late is not None
+            report = self.core.heartbeat()
+            loop.call_at(late.due(loop.time(), late_ms), self._enqueue, report, True)
 
     async def _watch_node(self) -> None:
         """Re-read the failed GPUs and the InfiniBand port state, several times a heartbeat: a
@@ -275,9 +287,16 @@ class AgentRuntime:
 
     # --- reports to the controller -----------------------------------------------------------
 
-    def _enqueue(self, report: Heartbeat | NodeRegistered) -> None:
+    def _enqueue(self, report: Heartbeat | NodeRegistered, late: bool = False) -> None:
+        if self._stopping:
+            return
         queue = self._outbox.queue
-        if isinstance(report, Heartbeat) and queue and isinstance(queue[-1], Heartbeat):
+        if (
+            not late
+            and isinstance(report, Heartbeat)
+            and queue
+            and isinstance(queue[-1], Heartbeat)
+        ):
             queue[-1] = report  # each report is the whole set: the newer one says it all
         else:
             queue.append(report)

@@ -101,6 +101,8 @@ class AgentFile(_Strict):
     run_state: Text | None = None
     sim_pace_file: Text | None = None
     """The node's pace file, handed to its sim engines (`--pace-file`; real mode's stragglers)."""
+    late_heartbeats_file: Text | None = None
+    """Real mode's late heartbeats (`agent/late.py`): the heartbeats are held back as it says."""
     policy: PolicyC = PolicyC()
     credential: Text | None = None
     controller_tls: ClientTlsC | None = None
@@ -159,6 +161,9 @@ class AgentSettings:
     """The node's pace file for its sim engines (`--pace-file`, `programs/sim_pace.py`): how
     many times slower they run, which real mode's `slow_node` and `nvlink_degraded` write;
     None: they run at pace 1."""
+    late_heartbeats_file: Path | None = None
+    """How late the agent's heartbeats are to be, which real mode's `delay_heartbeats` writes
+    (`agent/late.py`); None: nothing is read, every heartbeat goes on time."""
 
     @property
     def ready_dir(self) -> Path | None:
@@ -268,6 +273,9 @@ def load_agent_config(path: str | Path) -> AgentSettings:
         controller_tls=client_tls(path, f.controller_tls),
         run_state=relative(path, f.run_state or f"{_state_dir()}/{f.node}.run.json"),
         sim_pace_file=relative(path, f.sim_pace_file) if f.sim_pace_file is not None else None,
+        late_heartbeats_file=(
+            relative(path, f.late_heartbeats_file) if f.late_heartbeats_file is not None else None
+        ),
     )
 
 
