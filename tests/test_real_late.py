@@ -9,6 +9,7 @@ the real suite (`tests/test_real_suite.py`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -94,3 +95,30 @@ def test_no_file_or_a_malformed_one_means_on_time(
         assert late.now_ms() == 0
         assert late.now_ms() == 0
     assert sum("unreadable" in r.message for r in caplog.records) == 1  # once per text
+
+
+def test_a_late_heartbeat_is_queued_behind_a_newer_report_never_in_its_place() -> None:
+    from llmgw_twin.control.model import NodeId
+    from llmgw_twin.control.protocol import Heartbeat
+    from llmgw_twin.service.agent.reports import Reports
+    from llmgw_twin.service.common.leaders import Controllers
+
+    async def go() -> None:
+        reports = Reports(
+            Controllers(("http://c1:8080",)),
+            lambda: None,
+            lambda: None,
+            lambda: None,
+            lambda: None,
+            "http://agent:9000",
+        )
+        older, newer, newest = (Heartbeat(NodeId("n1"), version=v) for v in (1, 2, 3))
+        reports.enqueue(older)
+        reports.enqueue(newer)  # not sent yet: the newer one says it all
+        assert list(reports.queue) == [newer]
+        reports.enqueue(older, late=True)  # held back on purpose: it lands after the newer
+        assert list(reports.queue) == [newer, older]
+        reports.enqueue(newest)  # a newer report still says it all
+        assert list(reports.queue) == [newer, newest]
+
+    asyncio.run(go())

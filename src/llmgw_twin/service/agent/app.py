@@ -34,13 +34,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Annotated, Any, assert_never
 
 import httpx
@@ -65,6 +63,7 @@ from llmgw_twin.service.agent.config import AgentSettings
 from llmgw_twin.service.agent.late import LateHeartbeats
 from llmgw_twin.service.agent.node_info import read_node_info
 from llmgw_twin.service.agent.node_watch import NodeWatch, engines_on, poll_interval_ms
+from llmgw_twin.service.agent.reports import Reports
 from llmgw_twin.service.agent.shards import ShardRunner
 from llmgw_twin.service.common.auth import AgentKeys, CredentialFile
 from llmgw_twin.service.common.gate import guard
@@ -74,32 +73,13 @@ from llmgw_twin.service.common.serving import lifespan_of, not_before_wait_s
 from llmgw_twin.service.common.tls import client_verify
 from llmgw_twin.service.common.wire import (
     AssignShardsW,
-    HeartbeatW,
     NodeInfoW,
-    NodeRegisteredW,
     Refused,
-    ReportReplyW,
     RequestReportW,
     install_error_handlers,
 )
 
 log = logging.getLogger("llmgw_twin.agent")
-
-
-def _detail(reply: httpx.Response) -> str:
-    """The controller's reason for an error reply, as it gave it."""
-    try:
-        detail = reply.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    return str(detail) if detail is not None else reply.reason_phrase
-
-
-@dataclass(slots=True)
-class _Outbox:
-    queue: collections.deque[Heartbeat | NodeRegistered] = field(default_factory=collections.deque)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    failing: bool = False
 
 
 class AgentRuntime:
@@ -144,7 +124,14 @@ class AgentRuntime:
         )
         self._controller_transport = controller_transport
         self._client: httpx.AsyncClient | None = None
-        self._outbox = _Outbox()
+        self.reports = Reports(
+            self.controllers,
+            lambda: self._client,
+            lambda: self.keys,
+            self._reload_credential,
+            self._report_asked,
+            settings.advertise_url,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.serve_from_ns: int | None = None
@@ -200,7 +187,7 @@ class AgentRuntime:
         )
         self._enqueue(self.core.registration())
         self._tasks = [
-            asyncio.create_task(self._send_reports()),
+            asyncio.create_task(self.reports.send_all()),
             asyncio.create_task(self._heartbeats()),
             asyncio.create_task(self._watch_node()),
         ]
@@ -288,68 +275,12 @@ class AgentRuntime:
     # --- reports to the controller -----------------------------------------------------------
 
     def _enqueue(self, report: Heartbeat | NodeRegistered, late: bool = False) -> None:
-        if self._stopping:
-            return
-        queue = self._outbox.queue
-        if (
-            not late
-            and isinstance(report, Heartbeat)
-            and queue
-            and isinstance(queue[-1], Heartbeat)
-        ):
-            queue[-1] = report  # each report is the whole set: the newer one says it all
-        else:
-            queue.append(report)
-        self._outbox.ready.set()
+        if not self._stopping:
+            self.reports.enqueue(report, late)
 
-    async def _send_reports(self) -> None:
-        box = self._outbox
-        while True:
-            await box.ready.wait()
-            box.ready.clear()
-            while box.queue:
-                await self._post(box.queue.popleft())
-
-    async def _post(self, report: Heartbeat | NodeRegistered) -> None:
-        assert self._client is not None
-        client = self._client
-        if isinstance(report, Heartbeat):
-            path = "/v1/agents/heartbeat"
-            body = HeartbeatW.from_core(report).model_dump(mode="json")
-        else:
-            path = "/v1/agents/register"
-            body = NodeRegisteredW.from_core(report, self.settings.advertise_url).model_dump(
-                mode="json"
-            )
-
-        async def send(base: str) -> ReportReplyW:
-            headers = {}
-            if self.keys is not None:
-                headers["authorization"] = "Bearer " + self.keys.token
-            reply = await client.post(base + path, json=body, headers=headers)
-            if reply.status_code == 401 and self.keys is not None:
-                self._reload_credential()
-            if reply.is_error:
-                raise httpx.HTTPStatusError(
-                    f"{reply.status_code}: {_detail(reply)}", request=reply.request, response=reply
-                )
-            return ReportReplyW.model_validate(reply.json())
-
-        try:
-            # the controller that answered last first; the others in turn (one leads)
-            answer = await self.controllers.first_answer(send, (httpx.HTTPError, ValueError))
-        except (httpx.HTTPError, ValueError) as e:
-            # level-triggered: the next heartbeat carries the whole state again
-            level = logging.DEBUG if self._outbox.failing else logging.WARNING
-            log.log(level, "report to %s failed: %s", " or ".join(self.controllers.urls), e)
-            self._outbox.failing = True
-            return
-        base = self.controllers.current
-        if self._outbox.failing:
-            log.info("the controller at %s answers again", base)
-            self._outbox.failing = False
-        if answer.report:
-            self._feed(ReportRequested())
+    def _report_asked(self) -> None:
+        """The controller's answer asks for a registration."""
+        self._feed(ReportRequested())
 
     # --- the API -----------------------------------------------------------------------------
 
