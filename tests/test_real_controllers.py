@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from llmgw_twin.control.model import TraceEvent
-from llmgw_twin.realmode import refusals
+from llmgw_twin.realmode import ports, refusals
 from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.pgstore import RealPostgres, have_postgres
 from llmgw_twin.realmode.refusals import check_real_supported
@@ -130,6 +130,46 @@ def test_each_controller_agent_and_router_is_given_every_controller(tmp_path: Pa
         cluster.start_router()
         listed = yaml.safe_load(router.read_text())
         assert [listed["controller"], *listed["controllers"]] == cluster.multi.urls
+    finally:
+        asyncio.run(close(cluster))
+
+
+def test_every_port_of_a_run_is_its_own_below_the_ephemeral_range(tmp_path: Path) -> None:
+    # controllers, router and agents bind their ports after the run chose them: a port the
+    # kernel handed out for port 0 could be any outgoing connection's by then
+    s = scenario("  - {at: 10s, kill_controller: c1}", k=3)
+
+    async def prepare() -> RealCluster:
+        cluster = RealCluster(s, tmp_path)
+        await cluster.prepare_nodes({})
+        return cluster
+
+    async def close(cluster: RealCluster) -> None:
+        for n in cluster.nodes.values():
+            for proxy in (n.to_controller, n.to_agent, *n.to_others):
+                await proxy.close()
+        if cluster.fabrics is not None:
+            await cluster.fabrics.close()
+        cluster.ports.close()
+
+    cluster = asyncio.run(prepare())
+    try:
+        assert cluster.multi is not None
+        cluster.write_controller_config()
+        controllers = [load_controller_config(c.config).port for c in cluster.multi.procs.values()]
+        cluster._spawn = lambda *_a, **_k: None  # type: ignore[method-assign,assignment]
+        cluster.start_router()
+        router = yaml.safe_load((cluster.workdir / "router.yaml").read_text())["listen"]["port"]
+        agents, shard_ports = [], set()
+        for n in cluster.nodes.values():
+            agent = load_agent_config(n.config)
+            agents.append(agent.port)
+            shard_ports |= set(range(agent.port_first, agent.port_last + 1))
+        own = [*controllers, router, *agents]
+        assert len(set(own)) == len(own) and not set(own) & shard_ports
+        first = cluster.ports.range_of(0)[0]
+        last = cluster.ports.range_of(len(cluster.nodes))[1]
+        assert all(first <= p <= last < ports.PORTS_TO for p in (*own, *shard_ports))
     finally:
         asyncio.run(close(cluster))
 

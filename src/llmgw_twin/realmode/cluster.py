@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -51,12 +50,6 @@ from llmgw_twin.units import fmt_duration, setting_keys
 
 STARTUP_DEADLINE_S = 30.0
 STOP_GRACE_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_address(run_slot: int, index: int) -> str:
@@ -102,9 +95,18 @@ class RealCluster:
         self,
         scenario: Scenario,
         workdir: Path,
-        controller_port: int,
+        controller_port: int | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
+        self.ports = lease_ports(len(scenario.all_nodes) + 1)
+        """The agents' port ranges (sidecars, engines; each agent's own port the last of its
+        range), and one more for the run's controllers and router: none in the ephemeral
+        range, where any outgoing connection could take a port between its choice and its
+        bind, and no other run's (`realmode/ports.py`)."""
+        first, last = self.ports.range_of(len(scenario.all_nodes))
+        self._service_ports = iter(range(first, last + 1))
+        if controller_port is None:
+            controller_port = self.service_port()
         self.scenario = scenario
         self.env = dict(env) if env is not None else None
         """What every process of the cluster starts with (the run's mark: `keeper.py`)."""
@@ -114,7 +116,9 @@ class RealCluster:
         self.multi: RealControllers | None = None
         """The controllers c1..cK of a scenario with several (`controllers.py`)."""
         if scenario.controllers > 1:
-            ports = [controller_port] + [free_port() for _ in range(scenario.controllers - 1)]
+            ports = [controller_port] + [
+                self.service_port() for _ in range(scenario.controllers - 1)
+            ]
             self.multi = RealControllers(self, controller_names(scenario.controllers), ports)
         self.pg = (
             RealPostgres(self.multi.names, self.env)
@@ -145,9 +149,11 @@ class RealCluster:
         """The engines' peer links and InfiniBand ports per fabric (after `prepare_nodes`)."""
         self.hung: set[int] = set()
         """Engine process groups stopped (SIGSTOP) by `hang_engine`: killed at the end."""
-        self.ports = lease_ports(len(scenario.all_nodes))
-        """The agents' port ranges (sidecars, engines), no other run's: `realmode/ports.py`."""
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def service_port(self) -> int:
+        """A port of the run's own for a controller or the router (at most 100 of them)."""
+        return next(self._service_ports)
 
     @property
     def controller_url(self) -> str:
@@ -221,7 +227,8 @@ class RealCluster:
             write_sysfs_root(
                 root, gpus=info.gpus, fabric_prefix=fabric_prefix_for(info.fabric), node=info.node
             )
-            agent_port = free_port()
+            first, last = self.ports.range_of(i)
+            agent_port, last = last, last - 1  # the agent's own, the rest its shards'
             to_controller = CuttableProxy("127.0.0.1", self.controller_port)
             to_agent = CuttableProxy("127.0.0.1", agent_port)
             await to_controller.start()
@@ -230,7 +237,6 @@ class RealCluster:
             for proxy in others:
                 await proxy.start()
             engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
-            first, last = self.ports.range_of(i)
             config: dict[str, object] = {
                 "node": info.node,
                 "controller": f"http://127.0.0.1:{to_controller.port}",
@@ -342,7 +348,7 @@ class RealCluster:
 
     def start_router(self) -> None:
         """A router beside the controller, following its feed; clients go to it from now on."""
-        port = free_port()
+        port = self.service_port()
         token = self.workdir / "router.token"
         token.write_text(self._router_token)
         token.chmod(0o600)

@@ -8,8 +8,8 @@ each thing to try (the status page's URL, `ctl status`, a request with curl, the
 takes a node down), then every event of the controller as it happens: a node lost, the replica
 failed and its replacement ready on the other fabric.
 
-Every port is chosen at run time (the controller's and the router's are free ports, the agents'
-ranges are leased, `ports.py`; each node's engines bind a loopback address of its own), so two
+Every port is chosen at run time (leased, `ports.py`: the agents' ranges and one for the
+controller and the router; each node's engines bind a loopback address of its own), so two
 demos on one machine do not collide. SIGINT (Ctrl-C), SIGTERM or SIGHUP ends every process it
 started, and those its agents started (an agent killed with `kill -9` leaves its engines
 running: they carry the demo's mark, `keeper.py`, and are swept), and removes its folder; a
@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from llmgw_twin.control.model import TraceEvent
-from llmgw_twin.realmode.cluster import RealCluster, free_port
+from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.keeper import Keeper, sweep
 from llmgw_twin.realmode.stop import Stopper, signals_to
 from llmgw_twin.service.common.wire import TraceEventW
@@ -88,7 +88,7 @@ class Demo:
     def __init__(self, workdir: Path, keeper: Keeper) -> None:
         self.workdir = workdir
         self.scenario: Scenario = load_scenario_text(CLUSTER, "demo")
-        self.cluster = RealCluster(self.scenario, workdir, free_port(), keeper.env())
+        self.cluster = RealCluster(self.scenario, workdir, env=keeper.env())
         self.t0 = time.monotonic()
         self.after = 0
 

@@ -1,17 +1,21 @@
-"""The port ranges of a real-mode run's agents (their sidecars and engines), leased per run.
+"""The ports of a real-mode run's processes, leased per run: its agents' (their own, their
+sidecars' and engines'), its controllers' and its router's.
 
 Each node of a run gets `PORTS_PER_NODE` consecutive ports, a *unit*; a run takes as many
-consecutive units as it has nodes. The units lie in `PORTS_FROM`..`PORTS_TO`, below Linux's
-default ephemeral range (32768..60999): the kernel hands ports from there to every outgoing
-connection and to `free_port`, so a shard's port in it could be taken by any client between the
-agent's check that it is free and the sidecar's or engine's bind.
+consecutive units as it has nodes, and one more for its controllers and router
+(`cluster.RealCluster`). The units lie in `PORTS_FROM`..`PORTS_TO`, below Linux's default
+ephemeral range (32768..60999): the kernel hands ports from there to every outgoing connection
+and to every bind of port 0, so a port chosen there could be taken by any client between its
+choice and the bind of the process it is for (a controller that then exits 1 at start).
 
 Two runs at once on one machine (two test workers, a developer's run beside CI) never share a
-unit: each unit is leased by an exclusive `flock` on its own file in the machine's temporary
-folder (`llmgw-twin-ports/UNIT.lock`), held until the run closes its lease or its process ends
-(the kernel drops the lock with the process, so a killed run leaks nothing). The first unit
-tried is drawn from the pid, so runs seldom even contend for one. Sidecars all listen on
-127.0.0.1, so without the lease two runs whose ranges overlapped would race for the same ports.
+unit: each unit is leased by an exclusive `flock` on its own file in one folder for the whole
+machine (`/tmp/llmgw-twin-ports/UNIT.lock`; not under `TMPDIR`, which a test or a harness may
+set per run, and which then kept two runs' leases apart), held until the run closes its lease
+or its process ends (the kernel drops the lock with the process, so a killed run leaks
+nothing). The first unit tried is drawn from the pid, so runs seldom even contend for one.
+Sidecars and agents all listen on 127.0.0.1, so without the lease two runs whose ranges
+overlapped would race for the same ports.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
 from pathlib import Path
 
 PORTS_PER_NODE = 100
@@ -27,7 +30,8 @@ PORTS_FROM = 10_000
 PORTS_TO = 32_700
 """The last unit ends at or before this port (exclusive), below the ephemeral range."""
 UNITS = (PORTS_TO - PORTS_FROM) // PORTS_PER_NODE
-LOCK_DIR_NAME = "llmgw-twin-ports"
+LOCK_DIR = Path("/tmp/llmgw-twin-ports")  # noqa: S108 (machine-wide by design: lock files only)
+"""Where every run on the machine leases its units, whatever its `TMPDIR`."""
 
 
 class PortLeaseError(RuntimeError):
@@ -58,7 +62,7 @@ def lease_ports(nodes: int, lock_dir: Path | None = None) -> PortLease:
             f"real mode gives each node {PORTS_PER_NODE} ports from {PORTS_FROM} to {PORTS_TO}: "
             f"{nodes} nodes do not fit (at most {UNITS})"
         )
-    folder = lock_dir or Path(tempfile.gettempdir()) / LOCK_DIR_NAME
+    folder = lock_dir or LOCK_DIR
     folder.mkdir(mode=0o777, exist_ok=True)
     starts = UNITS - nodes + 1
     first = os.getpid() % starts

@@ -40,7 +40,7 @@ from llmgw_twin.realmode.checks import (
     read_state,
     state_span,
 )
-from llmgw_twin.realmode.cluster import RealCluster, free_port
+from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.faults import RealFaults
 from llmgw_twin.realmode.keeper import Keeper
 from llmgw_twin.realmode.refusals import check_real_supported
@@ -142,7 +142,7 @@ class RealRun:
             shown(line)
 
         self.progress: Progress = say
-        self.cluster = RealCluster(scenario, workdir, free_port(), env)
+        self.cluster = RealCluster(scenario, workdir, env=env)
         self.trace: list[TraceEvent] = []
         self.checks = RealInvariants(scenario)
         self.checks.controller_url = self.cluster.controller_url
