@@ -95,23 +95,24 @@ def test_a_controller_of_its_own_needs_a_second_for_its_faults_in_real_mode() ->
         check_real_supported(scenario("  - {at: 10s, kill_controller: leader}", k=1))
 
 
+async def prepared(cluster: RealCluster) -> RealCluster:
+    """The cluster's roots, proxies and configs, nothing started."""
+    await cluster.prepare_nodes({})
+    return cluster
+
+
+async def close(cluster: RealCluster) -> None:
+    for n in cluster.nodes.values():
+        for proxy in (n.to_controller, n.to_agent, *n.to_others):
+            await proxy.close()
+    if cluster.fabrics is not None:
+        await cluster.fabrics.close()
+    cluster.ports.close()
+
+
 def test_each_controller_agent_and_router_is_given_every_controller(tmp_path: Path) -> None:
     s = scenario("  - {at: 10s, kill_controller: c1}", k=3)
-
-    async def prepare() -> RealCluster:
-        cluster = RealCluster(s, tmp_path, 1)
-        await cluster.prepare_nodes({})
-        return cluster
-
-    async def close(cluster: RealCluster) -> None:
-        for n in cluster.nodes.values():
-            for proxy in (n.to_controller, n.to_agent, *n.to_others):
-                await proxy.close()
-        if cluster.fabrics is not None:
-            await cluster.fabrics.close()
-        cluster.ports.close()
-
-    cluster = asyncio.run(prepare())
+    cluster = asyncio.run(prepared(RealCluster(s, tmp_path, 1)))
     try:
         assert cluster.multi is not None
         cluster.write_controller_config()
@@ -138,21 +139,7 @@ def test_every_port_of_a_run_is_its_own_below_the_ephemeral_range(tmp_path: Path
     # controllers, router and agents bind their ports after the run chose them: a port the
     # kernel handed out for port 0 could be any outgoing connection's by then
     s = scenario("  - {at: 10s, kill_controller: c1}", k=3)
-
-    async def prepare() -> RealCluster:
-        cluster = RealCluster(s, tmp_path)
-        await cluster.prepare_nodes({})
-        return cluster
-
-    async def close(cluster: RealCluster) -> None:
-        for n in cluster.nodes.values():
-            for proxy in (n.to_controller, n.to_agent, *n.to_others):
-                await proxy.close()
-        if cluster.fabrics is not None:
-            await cluster.fabrics.close()
-        cluster.ports.close()
-
-    cluster = asyncio.run(prepare())
+    cluster = asyncio.run(prepared(RealCluster(s, tmp_path)))
     try:
         assert cluster.multi is not None
         cluster.write_controller_config()
