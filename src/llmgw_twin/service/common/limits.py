@@ -99,7 +99,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.limit_for(scope["path"])
-        declared = _content_length(scope)
+        declared = content_length(scope)
         if declared is not None and declared > limit:
             await _refuse(scope, receive, send, limit, f"declared {declared} bytes")
             return
@@ -181,7 +181,7 @@ def replaying(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _content_length(scope: Scope) -> int | None:
+def content_length(scope: Scope) -> int | None:
     """The declared length (the largest, if several), or None when none can be read: the server
     refuses a malformed one before the app is called."""
     lengths = []

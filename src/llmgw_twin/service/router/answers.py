@@ -87,46 +87,46 @@ class Relay(ReplicaAnswer, StreamingResponse):
         self._first = first
 
     async def _relay(self, send: Send) -> None:
-        # a piece that is the answer's last goes out with the end of the answer, in one write
         answer = self._answer
-        await send(_body(self._first, more=not answer.ended))
-        if answer.ended:
-            return
         between_ms = self._forwarder.timeouts.between_chunks_ms
-        between_s = between_ms / 1000
+        piece = self._first
         while True:
+            # a piece that is the answer's last goes out with the end of the answer, in one write
+            last = answer.ended
+            await send(_body(piece, more=not last))
+            if last:
+                return
             try:
-                chunk = await answer.next_chunk(between_s)
+                got = await answer.next_chunk(between_ms / 1000)
             except TimeoutError:
-                message, code = f"the replica sent nothing for {between_ms} ms", "upstream_timeout"
+                message = f"the replica sent nothing for {between_ms} ms"
+                return await self._cut(send, message, "upstream_timeout")
             except UpstreamError as e:
-                message, code = f"the replica cut its answer: {e}", "upstream_cut"
-            else:
-                if chunk is None:
-                    await send(_body(b"", more=False))
-                    return
-                ended = answer.ended
-                await send(_body(chunk, more=not ended))
-                if ended:
-                    return
-                continue
-            break
+                return await self._cut(send, f"the replica cut its answer: {e}", "upstream_cut")
+            if got is None:
+                return await send(_body(b"", more=False))
+            piece = got
+
+    async def _cut(self, send: Send, message: str, code: str) -> None:
+        """The stream broke midway: it ends with one error event."""
         self._forwarder.cut += 1
         # judged before the client hears of the cut, so that whoever reads the router's state
         # after the error event finds the replica's slot already given back
         self._pick.finish(ok=False)
         replica = self._pick.route.replica
         log.warning("stream from replica %s cut midway: %s", replica, message)
-        event = error_event(f"replica {replica}: {message}", code)
-        await send({"type": "http.response.body", "body": event, "more_body": False})
+        await send(_body(error_event(f"replica {replica}: {message}", code), more=False))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
         gone = asyncio.ensure_future(_disconnect(receive))
+        left = False
 
         def went(g: asyncio.Future[None]) -> None:
+            nonlocal left
             if not g.cancelled() and g.exception() is None:
+                left = True
                 task.cancel()
 
         gone.add_done_callback(went)
@@ -135,7 +135,7 @@ class Relay(ReplicaAnswer, StreamingResponse):
             await send({**start, "headers": self.raw_headers})
             await self._relay(send)
         except asyncio.CancelledError:
-            if not gone.done() or gone.cancelled() or gone.exception() is not None:
+            if not left:
                 raise
             task.uncancel()  # the client went away: the relay ends here, quietly
         finally:

@@ -17,14 +17,13 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
-from llmgw_twin.service.common.limits import INFERENCE_PATHS
+from llmgw_twin.service.common.limits import INFERENCE_PATHS, content_length
 from llmgw_twin.service.router.forwarding import Deployed, Forwarder
 
 
@@ -67,15 +66,11 @@ class FastPath:
             return False
         if scope["path"] not in INFERENCE_PATHS:
             return False
-        length = None
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                if length is not None or not value.isdigit():
-                    return False
-                length = int(value)
-            elif name == b"transfer-encoding":
-                return False
-        if length is None or length > self.limit:
+        # as `BodyLimit` reads it; a streamed body is for it to count, on the full way
+        declared = content_length(scope)
+        if declared is None or declared > self.limit:
+            return False
+        if any(name == b"transfer-encoding" for name, _ in scope["headers"]):
             return False
         try:
             self.check(Request(scope))
@@ -92,9 +87,6 @@ class RouterApp(FastAPI):
     """The router's app: inference requests through `fast` first (set once built)."""
 
     fast: FastPath | None = None
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         fast = self.fast

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -58,7 +59,7 @@ class _Address:
 class _Connection(asyncio.Protocol):
     """One TCP connection to a replica, carrying one request at a time."""
 
-    def __init__(self, key: tuple[str, int], on_idle_close: _IdleDrop) -> None:
+    def __init__(self, key: tuple[str, int], on_idle_close: Callable[[_Connection], None]) -> None:
         self.key = key
         self._on_idle_close = on_idle_close
         self.transport: asyncio.Transport | None = None
@@ -211,14 +212,6 @@ def _expire(wake: asyncio.Future[None]) -> None:
         wake.set_exception(TimeoutError())
 
 
-class _IdleDrop:
-    def __init__(self, upstream: Upstream) -> None:
-        self._upstream = upstream
-
-    def __call__(self, conn: _Connection) -> None:
-        self._upstream._forget(conn)
-
-
 class UpstreamAnswer:
     """A replica's answer: its status and content type now, its body as it comes."""
 
@@ -264,7 +257,6 @@ class Upstream:
         self._idle: OrderedDict[_Connection, None] = OrderedDict()
         self._by_key: dict[tuple[str, int], list[_Connection]] = {}
         self._addresses: dict[str, _Address] = {}
-        self._drop = _IdleDrop(self)
         self.opened = 0
         """Connections opened so far (kept-alive reuse shows as few)."""
 
@@ -296,19 +288,15 @@ class Upstream:
         conn = self._take(key)
         if conn is not None:
             try:
-                await conn.send(head, body)
-                await conn.headers()
+                return await self._ask(conn, head, body)
             except UpstreamError:
                 if conn.got_bytes:
-                    conn.close()
                     raise
-                conn.close()  # closed while idle, as the request left: once more, anew
-            except BaseException:
-                conn.close()
-                raise
-            else:
-                return UpstreamAnswer(conn, self)
-        conn = await self._open(key)
+                # closed while idle, as the request left: once more, on a new connection
+        return await self._ask(await self._open(key), head, body)
+
+    async def _ask(self, conn: _Connection, head: bytes, body: bytes) -> UpstreamAnswer:
+        """The request sent on `conn`, and its answer's head; `conn` closed on any failure."""
         try:
             await conn.send(head, body)
             await conn.headers()
@@ -322,7 +310,7 @@ class Upstream:
         try:
             async with asyncio.timeout(self.connect_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(key, self._drop), key[0], key[1]
+                    lambda: _Connection(key, self._forget), key[0], key[1]
                 )
         except OSError as e:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: {e}") from None
