@@ -38,7 +38,7 @@ from llmgw_twin.programs.sim_batcher import Batcher
 from llmgw_twin.programs.sim_pace import PaceFile, factor_at, format_changes, parse_changes
 from llmgw_twin.programs.sim_pacing import Pacing
 from llmgw_twin.programs.sim_rendezvous import LeaderRendezvous, join
-from llmgw_twin.realmode.pace import NodePaces, pace_path
+from llmgw_twin.realmode.pace import node_paces, pace_path
 from llmgw_twin.service.agent.launcher import launch_context, probe_for
 from llmgw_twin.service.agent.sidecar import engine_state
 from test_agent_app import agent_config
@@ -97,13 +97,13 @@ def _replace(path: Path, text: str) -> None:
 
 def test_real_mode_keeps_a_nodes_pace_at_the_slowest_slowdown_under_way(tmp_path: Path) -> None:
     (tmp_path / "node02").mkdir()
-    paces = NodePaces(tmp_path, [])
+    paces = node_paces(tmp_path, [])
     node = NodeId("node02")
     pace = PaceFile(str(pace_path(tmp_path / "node02")))
     seen: list[Fraction] = []
     for step, factor in (("begin", 3), ("begin", 2), ("end", 3), ("end", 2)):
         getattr(paces, step)(node, Fraction(factor))
-        assert paces.pace(node) == pace.now()  # as the file says
+        assert paces.now(node) == pace.now()  # as the file says
         seen.append(pace.now())
     assert seen == [THREE, THREE, Fraction(2), ONE]
     # a change a line, in order, each when it happened; none for a slowdown under a slower one

@@ -22,9 +22,9 @@ import httpx
 from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.controllers import RealControllers
-from llmgw_twin.realmode.late import NodeLateness
+from llmgw_twin.realmode.late import node_lateness
 from llmgw_twin.realmode.links import LinkFaults
-from llmgw_twin.realmode.pace import NodePaces
+from llmgw_twin.realmode.pace import node_paces
 from llmgw_twin.realmode.procs import children_groups
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
@@ -100,8 +100,8 @@ class RealFaults:
             self._tasks,
             self._pending,
         )
-        self._paces = NodePaces(cluster.workdir / "nodes", self._pending)
-        self._late = NodeLateness(cluster.workdir / "nodes", self._pending)
+        self._paces = node_paces(cluster.workdir / "nodes", self._pending)
+        self._late = node_lateness(cluster.workdir / "nodes", self._pending)
 
     def boot_ahead(self, t0: float) -> None:
         """Start ahead the processes that a fault brings up, each serving from its instant:
@@ -253,9 +253,10 @@ class RealFaults:
                 SlowNode(node=node, factor_num=num, factor_den=den, for_ms=for_ms)
                 | NvlinkDegraded(node=node, factor_num=num, factor_den=den, for_ms=for_ms)
             ):
-                self._paces.slow(node, Fraction(num, den), for_ms)
+                self._paces.during(node, Fraction(num, den), for_ms)
             case DelayHeartbeats(nodes=nodes, by_ms=by_ms, for_ms=for_ms):
-                self._late.delay(nodes, by_ms, for_ms)
+                for late in nodes:
+                    self._late.during(late, by_ms, for_ms)
             case (
                 KillController() | StallController() | PartitionController() | StoreDown()
             ) | ClockSkew():
