@@ -36,7 +36,7 @@ from itertools import combinations
 from llmgw_twin.control.model import FabricId, NodeId, Profile, ReplicaId
 from llmgw_twin.control.placement import CapacityIndex, Placement
 from llmgw_twin.control.room import Shape
-from llmgw_twin.control.topology import NodeTopology, TopologyRules, domain_key, leaf_key
+from llmgw_twin.control.topology import NodeTopology, TopologyRules, group_key
 
 PLAN_TRIES = 2_000
 """The most sets of replicas one defragmentation tries one by one (besides each fabric's
@@ -86,20 +86,10 @@ Group = Callable[[NodeId], str] | None
 
 
 def grouping(rules: TopologyRules, topology_of: Callable[[NodeId], NodeTopology | None]) -> Group:
-    """How `rules` group nodes: per NVLink domain, per leaf, or both; None without a hard rule."""
-    domain = rules.nvlink == "same_domain"
-    leaf = rules.leaves == "same"
-    if not domain and not leaf:
+    """How `rules` group nodes (`topology.group_key`); None without a hard rule."""
+    if rules.nvlink != "same_domain" and rules.leaves != "same":
         return None
-
-    def group(n: NodeId) -> str:
-        topo = topology_of(n)
-        parts = [domain_key(n, topo)] if domain else []
-        if leaf:
-            parts.append(leaf_key(n, topo))
-        return "|".join(parts)
-
-    return group
+    return lambda n: group_key(n, topology_of(n), rules)
 
 
 def _pick(

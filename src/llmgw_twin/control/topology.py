@@ -85,3 +85,14 @@ def leaf_key(node: str, topo: NodeTopology | None) -> str:
     if topo is not None and topo.leaf is not None:
         return f"leaf:{topo.leaf}"
     return f"node:{node}"
+
+
+def group_key(node: str, topo: NodeTopology | None, rules: TopologyRules) -> str:
+    """The group of `rules`' hard rules a node is in (every node of a replica in one): its
+    NVLink domain, its leaf, or both; "" when the rules ask neither."""
+    parts = []
+    if rules.nvlink == "same_domain":
+        parts.append(domain_key(node, topo))
+    if rules.leaves == "same":
+        parts.append(leaf_key(node, topo))
+    return "+".join(parts)

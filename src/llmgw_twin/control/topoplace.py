@@ -32,7 +32,7 @@ from functools import partial
 from llmgw_twin.control.capacity import CapacityBook
 from llmgw_twin.control.model import FabricId, NodeId, Profile
 from llmgw_twin.control.room import Demand, Shape
-from llmgw_twin.control.topology import TopologyRules, domain_key, leaf_key
+from llmgw_twin.control.topology import TopologyRules, group_key, leaf_key
 
 REASON_GROUPS = 6
 """An unplaceable reason names at most this many groups (those closest to fitting)."""
@@ -76,13 +76,8 @@ def _groups(
         if free < shape.gpus:
             continue
         topo = book.topology_of(node)
-        leaf = leaf_key(node, topo)
-        parts = []
-        if rules.nvlink == "same_domain":
-            parts.append(domain_key(node, topo))
-        if rules.leaves == "same":
-            parts.append(leaf)
-        groups.setdefault("+".join(parts) or "fabric", []).append((free, node, leaf))
+        group = group_key(node, topo, rules) or "fabric"
+        groups.setdefault(group, []).append((free, node, leaf_key(node, topo)))
     out = sorted(groups.items())
     if use_cache:
         cache.entries[key] = (version, out)
