@@ -23,6 +23,7 @@ from llmgw_twin.control.model import (
     Profile,
     ProfileName,
     ReplicaId,
+    Role,
     ShardReport,
     ShardSpec,
     ShardState,
@@ -133,6 +134,7 @@ WIRE_RECORDS: list[tuple[type[wire.Wire], type, set[str], set[str]]] = [
     (wire.NodeRegisteredW, p.NodeRegistered, {"agent_url"}, set()),  # where the agent listens
     (wire.ProfileW, Profile, set(), {"name"}),  # the name is the URL path's (or config key's)
     (wire.DeploymentW, Deployment, set(), {"model"}),  # the model is the URL path's
+    (wire.RoleW, Role, set(), set()),
     (wire.TraceEventW, TraceEvent, set(), set()),  # subjects: pairs in the core, a dict here
 ]
 NO_RECORD = {wire.Wire, wire.Mirror, wire.ReportReplyW}  # the controller's reply is the shell's

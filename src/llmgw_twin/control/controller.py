@@ -40,7 +40,6 @@ from llmgw_twin.control.durable import (
 )
 from llmgw_twin.control.lifecycle import Lifecycle
 from llmgw_twin.control.model import (
-    Deployment,
     NodeId,
     NodeInfo,
     NodeState,
@@ -271,9 +270,7 @@ class Controller(ControllerViews):
             decision = self._autoscaler.decide(dep.model, dep.replicas, now_ms, sample.held, moving)
             if decision is None:
                 continue
-            self._operator.handle(
-                ApplyDeployment(Deployment(dep.model, dep.profile, decision.replicas))
-            )
+            self._operator.handle(ApplyDeployment(replace(dep, replicas=decision.replicas)))
             self._out.emit(
                 "deployment.scaled",
                 model=dep.model,
@@ -350,6 +347,7 @@ class Controller(ControllerViews):
             rec = ReplicaRecord(row.id, row.model, profile, row.seq, row.created_ms)
             rec.state, rec.fabric, rec.specs = ReplicaState.ADOPTING, row.fabric, row.specs
             rec.layout_shards = row.shard_count
+            rec.group, rec.role = row.group, row.specs[0].role if row.specs else ""
             self._replicas.add(rec)
             for spec in row.specs:
                 self._capacity.book(spec.node, spec.gpus)
@@ -499,4 +497,5 @@ class Controller(ControllerViews):
             nodes=rec.nodes,
             ready=ready,
             endpoint=rec.routed_endpoint,
+            **rec.tags,
         )

@@ -100,7 +100,9 @@ class Defragmenter:
         stuck = [
             r
             for rid in life.replicas.pending
-            if (r := life.replicas[rid]).unplaceable_reason is not None and r.not_before_ms <= now
+            if (r := life.replicas[rid]).unplaceable_reason is not None
+            and r.not_before_ms <= now
+            and not r.group  # a role group is placed whole, by `groups.py`
         ]
         if not stuck:
             self._stages_left = 0
@@ -163,6 +165,7 @@ class Defragmenter:
                 or not all(self._node_ok(n) for n in rec.nodes)
                 or not _laid_out_as_profiled(rec)
                 or life.outdated(rec)  # the rollout replaces it (`rollout.Rollout`)
+                or rec.group  # a role group's member stays in the group's fabric
             ):
                 continue
             deployment = deployments.get(rec.model)

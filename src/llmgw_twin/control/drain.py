@@ -132,7 +132,7 @@ class Drainer:
     def _pair(self, rec: ReplicaRecord, node: NodeId) -> None:
         life = self._life
         dep = life.deployments.get(rec.model)
-        if dep is None:
+        if dep is None or rec.group:  # (a group's surplus member is retired by its group)
             return
         live = life.replicas.live(rec.model)
         counted = [r for r in live if life.counts(r) and not self._moves.is_copy(r.id)]
@@ -160,7 +160,11 @@ class Drainer:
             return  # its deployment is going: it is retired anyway
         if not life.afford_moves([rec]):
             return  # past the eviction pace: it moves when the budget has room again
-        copy = life.new_replica(dep)
+        role = dep.role(rec.role) if rec.group else None
+        if role is not None:  # a member's copy joins its group, in the group's fabric
+            copy = life.groups.new_member(dep, rec.group, role)
+        else:
+            copy = life.new_replica(dep)
         self._moves.start(Move(DRAIN, rec.id, copy.id, node))
         life.out.emit("replica.moving", model=rec.model, replica=rec.id, to=copy.id, drain=node)
 

@@ -44,6 +44,8 @@ class ReplicaRow:
     fabric: FabricId
     shard_count: int
     specs: tuple[ShardSpec, ...]
+    group: str = ""
+    """Its role group (`control/groups.py`), with its role in `specs[0].role`; empty: none."""
 
 
 @dataclass(frozen=True, slots=True)

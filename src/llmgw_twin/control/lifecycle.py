@@ -26,6 +26,7 @@ from llmgw_twin.control.durable import (
     PutSeq,
     ReplicaRow,
 )
+from llmgw_twin.control.groups import Groups
 from llmgw_twin.control.model import (
     RENDEZVOUS_PORT_BASE,
     Deployment,
@@ -81,6 +82,8 @@ class Lifecycle:
         """Start deadlines, degraded graces and back-offs, as data; and what each does when due."""
         self.slices = Slices()
         """What one reconcile may create, retire and place (`control/slices.py`)."""
+        self.groups = Groups(self)
+        """The role groups of deployments with roles (`control/groups.py`)."""
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self.replicas[rid]
@@ -99,6 +102,7 @@ class Lifecycle:
                 fabric=rec.fabric,
                 nodes=rec.nodes,
                 endpoint=rec.routed_endpoint,
+                **rec.tags,
             )
             for move in self.moves.ready(rec):
                 self.take_over(rec, move)
@@ -185,6 +189,7 @@ class Lifecycle:
             fabric=rec.fabric,
             node=node,
             reason=reason,
+            **rec.tags,
         )
         self.reap(rec, reason)
         self.timers.announce(started)
@@ -201,7 +206,12 @@ class Lifecycle:
             self._placement_due = True
             self.out.write(DeleteReplica(rec.id))
         self.out.emit(
-            "replica.reaped", model=rec.model, replica=rec.id, fabric=rec.fabric, reason=reason
+            "replica.reaped",
+            model=rec.model,
+            replica=rec.id,
+            fabric=rec.fabric,
+            reason=reason,
+            **rec.tags,
         )
         broken, freed = self.moves.gone(rec, scaled_down)
         if freed:
@@ -220,6 +230,9 @@ class Lifecycle:
 
     def reconcile_deployment(self, model: ModelName) -> None:
         dep = self.deployments.get(model)
+        if dep is not None and dep.roles:
+            self.groups.reconcile(dep)
+            return
         want = dep.replicas if dep is not None else 0
         counted = [
             r for r in self.replicas.live(model) if self.counts(r) and not self.moves.is_copy(r.id)
@@ -261,10 +274,17 @@ class Lifecycle:
         """`rec` runs another profile than its deployment names now (`rollout.Rollout` replaces
         it)."""
         dep = self.deployments.get(rec.model)
-        return dep is not None and rec.profile.name != dep.profile
+        if dep is None:
+            return False
+        if rec.role:
+            role = dep.role(rec.role)
+            return role is not None and rec.profile.name != role.profile
+        return rec.profile.name != dep.profile
 
-    def new_replica(self, dep: Deployment) -> ReplicaRecord:
-        rec = self.new_record(dep.model, self.profiles[dep.profile])
+    def new_replica(self, dep: Deployment, profile: Profile | None = None) -> ReplicaRecord:
+        """A new pending replica of `dep` (of `profile`, a role's, if given), in back-off when
+        its model failed recently."""
+        rec = self.new_record(dep.model, profile or self.profiles[dep.profile])
         now = self.out.now_ms
         delay = self.failures.backoff_ms(dep.model, now)
         if delay > 0:
@@ -307,11 +327,14 @@ class Lifecycle:
         larger than a slice goes a slice a reconcile (`control/slices.py`)."""
         now = self.out.now_ms
         tried = self.slices.tried
-        todo = [
-            r
-            for rid in self.replicas.pending
-            if (r := self.replicas[rid]).not_before_ms <= now and rid not in tried
-        ]
+        todo = []
+        grouped = []
+        for rid in self.replicas.pending:
+            r = self.replicas[rid]
+            if r.group:
+                grouped.append(r)  # placed group by group, in and out of back-off alike
+            elif r.not_before_ms <= now and rid not in tried:
+                todo.append(r)
         self.capacity.stability.advance(now)
         limit = self.slices.placing(len(todo))
         plan = plan_pass(self.capacity, todo, self.replicas, self.failures.excluded, limit)
@@ -326,6 +349,8 @@ class Lifecycle:
                 self.out.emit(
                     "replica.unplaceable", model=rec.model, replica=rec.id, reason=result.reason
                 )
+        if grouped:
+            self.groups.place(grouped)
 
     def bind(self, rec: ReplicaRecord, placement: Placement) -> None:
         profile = rec.profile
@@ -346,6 +371,7 @@ class Lifecycle:
                 rank_ports=tuple(RENDEZVOUS_PORT_BASE + g[0] for g in placement.gpus),
                 load_time_ms=profile.load_time_ms,
                 args=profile.args,
+                role=rec.role,
             )
             for rank, (node, gpus) in enumerate(zip(placement.nodes, placement.gpus, strict=True))
         )
@@ -369,6 +395,7 @@ class Lifecycle:
                     placement.fabric,
                     rec.shard_count,
                     specs,
+                    rec.group,
                 )
             )
         )
@@ -378,6 +405,7 @@ class Lifecycle:
             replica=rec.id,
             fabric=placement.fabric,
             nodes=placement.nodes,
+            **rec.tags,
         )
 
     # --- readiness both ways -----------------------------------------------------------------
@@ -400,6 +428,7 @@ class Lifecycle:
             model=rec.model,
             replica=rec.id,
             endpoint=rec.routed_endpoint,
+            **rec.tags,
         )
 
     def unroute(self, rec: ReplicaRecord, node: NodeId) -> None:
@@ -425,4 +454,5 @@ class Lifecycle:
                 replica=rec.id,
                 endpoint=rec.endpoint,
                 reason=reason,
+                **rec.tags,
             )

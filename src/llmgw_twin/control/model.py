@@ -60,6 +60,7 @@ CONTROL_EVENT_KINDS: tuple[str, ...] = (
     "replica.moving",
     "replica.moved",
     "replica.move_aborted",
+    "group.dissolved",
     "deployment.deleted",
     "deployment.scaled",
     "deployment.profile_changed",
@@ -286,13 +287,52 @@ class Profile:
             raise ValueError("a profile needs at least one node and one GPU per node")
 
 
+ROLE_NAMES: tuple[str, ...] = ("prefill", "decode")
+"""The roles a role group knows: prefill answers a request's prompt, decode its tokens."""
+MAX_ROLE_COUNT = 64
+"""The most replicas of one role in one group."""
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """One role of a role group: `count` replicas of `profile` in each group."""
+
+    name: str
+    profile: ProfileName
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name not in ROLE_NAMES:
+            raise ValueError(f"role {self.name!r}: expected one of {', '.join(ROLE_NAMES)}")
+        if not 1 <= self.count <= MAX_ROLE_COUNT:
+            raise ValueError(f"role {self.name}: count must be from 1 to {MAX_ROLE_COUNT}")
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """Desired state: `replicas` whole replicas of `model`, each laid out by `profile`."""
+    """Desired state: `replicas` whole replicas of `model`, each laid out by `profile`.
+
+    With `roles` (`control/groups.py`), each of the `replicas` is a role group: every role's
+    `count` replicas of its own profile, all in one fabric; `profile` is then the first role's."""
 
     model: ModelName
     profile: ProfileName
     replicas: int
+    roles: tuple[Role, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [r.name for r in self.roles]
+        if len(set(names)) != len(names):
+            raise ValueError(f"deployment {self.model}: a role is named twice")
+        if self.roles and set(names) != set(ROLE_NAMES):
+            raise ValueError(
+                f"deployment {self.model}: a role group needs the roles {', '.join(ROLE_NAMES)}"
+            )
+        if self.roles and self.profile != self.roles[0].profile:
+            raise ValueError(f"deployment {self.model}: profile must be the first role's")
+
+    def role(self, name: str) -> Role | None:
+        return next((r for r in self.roles if r.name == name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +363,9 @@ class ShardSpec:
     written before ranks had ports, where adapters fall back to the rendezvous port."""
     load_time_ms: int = 0
     args: tuple[str, ...] = ()
+    role: str = ""
+    """The replica's role in a role group (`prefill`, `decode`); empty: not in a group. The
+    engine adapter adds the engine's own disaggregation flags for it."""
 
     @property
     def key(self) -> ShardKey:

@@ -59,7 +59,19 @@ class Operator:
             case ApplyDeployment(deployment=dep):
                 if dep.profile not in self._profiles:
                     raise ValueError(f"deployment {dep.model}: unknown profile {dep.profile}")
+                for role in dep.roles:
+                    if role.profile not in self._profiles:
+                        raise ValueError(
+                            f"deployment {dep.model}: role {role.name}: unknown profile "
+                            f"{role.profile}"
+                        )
                 was = self._deployments.get(dep.model)
+                if was is not None and _layout(was) != _layout(dep):
+                    raise ValueError(
+                        f"deployment {dep.model}: its roles or their profiles cannot change in "
+                        "place (only the count of groups and of each role's members); delete "
+                        "it and deploy it anew"
+                    )
                 self._deployments[dep.model] = dep
                 self._life.replicas.track_model(dep.model)
                 self._life.out.write(durable.PutDeployment(dep))
@@ -104,3 +116,8 @@ class Operator:
                 self._drain.drain(node)
             case _:
                 assert_never(event)
+
+
+def _layout(dep: Deployment) -> tuple[tuple[str, str], ...] | None:
+    """A deployment's roles and their profiles; None for a plain deployment (any profile)."""
+    return tuple((r.name, r.profile) for r in dep.roles) if dep.roles else None

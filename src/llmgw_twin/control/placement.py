@@ -101,21 +101,23 @@ class CapacityIndex(CapacityBook):
         excluded: frozenset[NodeId] = frozenset(),
         per_node: Mapping[NodeId, int] | None = None,
         demand: Demand | None = None,
+        only: FabricId | None = None,
     ) -> Placement | Unplaceable:
         """Choose a fabric and nodes for one replica of `profile`, on none of `excluded` (and,
         for a multi-node replica, on no node whose fabric link is down); books nothing.
         `replicas_per_fabric` and `per_node` count the deployment's live replicas (for spread);
-        `demand` is what the pass still has to place after this one (for room)."""
+        `demand` is what the pass still has to place after this one (for room); `only`: in that
+        fabric alone (a role group's, `groups.py`)."""
         shape = Shape.of(profile)
         spread = per_node or {}
         if profile.topology.constrained:
             found = place_by_topology(
-                self, profile, replicas_per_fabric, excluded, spread, demand, self._groups
+                self, profile, replicas_per_fabric, excluded, spread, demand, self._groups, only
             )
             if isinstance(found, str):
                 return Unplaceable(found)
             return self._placement(found[0], found[1], shape)
-        if not excluded and (demand is None or demand.slack()):
+        if not excluded and only is None and (demand is None or demand.slack()):
             # room is not scarce: no choice loses any, and the ranking answers at once
             fast = self._best_ranked(shape, replicas_per_fabric)
             if fast is not None:
@@ -125,7 +127,7 @@ class CapacityIndex(CapacityBook):
         touched = {f for n in excluded if (f := self.fabric_of(n)) is not None}
         ranked: list[tuple[int, int, int, FabricId]] = []
         short: list[tuple[int, FabricId]] = []
-        for fabric in self._fabrics:
+        for fabric in self._fabrics if only is None else [f for f in self._fabrics if f == only]:
             if fabric in touched:
                 count, leftover, tightest = self._eligible_count(fabric, shape, excluded)
             else:

@@ -63,6 +63,15 @@ class ReplicaRecord:
     """How many shards this replica was laid out with (its row's `shard_count` once restored):
     a profile edited since does not change what this replica is."""
     degraded_since_ms: int = 0
+    group: str = ""
+    """Its role group (`control/groups.py`); empty: a plain replica."""
+    role: str = ""
+    """Its role in that group (`prefill`, `decode`)."""
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """A grouped replica's group and role, for its events (none for a plain replica)."""
+        return {"group": self.group, "role": self.role} if self.group else {}
 
     @property
     def routed_endpoint(self) -> str | None:

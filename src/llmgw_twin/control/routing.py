@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -54,6 +54,10 @@ FEED_KINDS = JOINS | LEAVES
 class Route:
     replica: ReplicaId
     endpoint: str
+    prefill: Route | None = None
+    """For a role group's model: the prefill replica of the same group, which takes the request
+    first (`docs/router.md`); this route is then its decode replica, which answers it. Both are
+    picks of their own, each told `finished`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,8 @@ class SnapshotEntry:
     replica: ReplicaId
     state: SnapshotState
     endpoint: str | None = None
+    group: str = ""
+    role: str = ""
 
 
 def snapshot_of(records: Iterable[ReplicaRecord]) -> tuple[SnapshotEntry, ...]:
@@ -111,9 +117,13 @@ def snapshot_of(records: Iterable[ReplicaRecord]) -> tuple[SnapshotEntry, ...]:
     out = []
     for rec in records:
         if rec.state is ReplicaState.READY and rec.routed_endpoint is not None:
-            out.append(SnapshotEntry(rec.model, rec.id, SnapshotState.READY, rec.routed_endpoint))
+            state = SnapshotState.READY
+            out.append(
+                SnapshotEntry(rec.model, rec.id, state, rec.routed_endpoint, rec.group, rec.role)
+            )
         elif rec.state is ReplicaState.ADOPTING and not rec.unroutable:
-            out.append(SnapshotEntry(rec.model, rec.id, SnapshotState.ADOPTING, rec.endpoint))
+            state = SnapshotState.ADOPTING
+            out.append(SnapshotEntry(rec.model, rec.id, state, rec.endpoint, rec.group, rec.role))
     out.sort(key=lambda e: e.replica)
     return tuple(out)
 
@@ -160,7 +170,14 @@ class Router:
         self.ejection = ejection or Ejection()
         self.outstanding_limit = outstanding_limit
         self._models: dict[ModelName, _Model] = {}
+        """Per table: a model's own (a role group's decode replicas), or a group's prefill
+        replicas under `_prefill_key`."""
         self._model_of: dict[ReplicaId, ModelName] = {}
+        """Each routed replica's table."""
+        self._group_of: dict[ReplicaId, str] = {}
+        """Each routed decode replica's role group."""
+        self._grouped: set[ModelName] = set()
+        """Models whose routes are role groups: picked as prefill then decode."""
         self._health: dict[ReplicaId, _Health] = {}
         self._picks = 0
         self.ejections = 0
@@ -178,7 +195,11 @@ class Router:
             return
         rid = ReplicaId(replica)
         if event.kind in JOINS and isinstance(endpoint, str) and event.get("ready") is not False:
-            self._join(ModelName(model), rid, endpoint)
+            group, role = event.get("group"), event.get("role")
+            if isinstance(group, str) and isinstance(role, str):
+                self._join(self._table_key(ModelName(model), group, role), rid, endpoint, group)
+            else:
+                self._join(ModelName(model), rid, endpoint)
         else:  # a leave, or a join that says it is not routable (adopted not ready, say)
             self._leave(rid)
 
@@ -188,17 +209,28 @@ class Router:
         keep: dict[ReplicaId, tuple[ModelName, str]] = {}
         for entry in snapshot:
             if entry.state is SnapshotState.READY and entry.endpoint is not None:
-                keep[entry.replica] = (entry.model, entry.endpoint)
+                key = self._table_key(entry.model, entry.group, entry.role)
+                keep[entry.replica] = (key, entry.endpoint)
             elif entry.state is SnapshotState.ADOPTING:
                 had = self._model_of.get(entry.replica)
                 if had is not None:
                     keep[entry.replica] = (had, self._models[had].endpoints[entry.replica])
         for rid in [r for r in self._model_of if r not in keep]:
             self._leave(rid)
+        groups = {e.replica: e.group for e in snapshot if e.group} if keep else {}
         for rid, (model, endpoint) in sorted(keep.items()):
-            self._join(model, rid, endpoint)
+            self._join(model, rid, endpoint, groups.get(rid) or self._group_of.get(rid, ""))
 
-    def _join(self, model: ModelName, rid: ReplicaId, endpoint: str) -> None:
+    def _table_key(self, model: ModelName, group: str, role: str) -> ModelName:
+        """The table a replica is routed from: its model's, or its group's prefill table."""
+        if not group:
+            return model
+        self._grouped.add(model)
+        return _prefill_key(model, group) if role == "prefill" else model
+
+    def _join(self, model: ModelName, rid: ReplicaId, endpoint: str, group: str = "") -> None:
+        if group:
+            self._group_of[rid] = group
         table = self._models.setdefault(model, _Model())
         if rid not in table.endpoints:
             bisect.insort(table.order, rid)
@@ -224,6 +256,7 @@ class Router:
         model = self._model_of.pop(rid, None)
         if model is None:
             return
+        self._group_of.pop(rid, None)
         table = self._models[model]
         del table.endpoints[rid]
         del table.order[bisect.bisect_left(table.order, rid)]
@@ -234,7 +267,7 @@ class Router:
     # --- reading it ----------------------------------------------------------------------------
 
     def models(self) -> list[ModelName]:
-        return sorted(m for m, t in self._models.items() if t.order)
+        return sorted(m for m, t in self._models.items() if t.order and _PREFILL not in m)
 
     def routes(self, model: ModelName) -> list[Route]:
         """The model's routable replicas as the controller announced them (ejected ones too)."""
@@ -261,15 +294,53 @@ class Router:
         self, model: ModelName, now_ms: int = 0, exclude: Iterable[ReplicaId] = ()
     ) -> Route | None:
         """The replica for the next request to `model`, counted as in flight until `finished`;
-        None when none may take it (`why_none` says why)."""
+        None when none may take it (`why_none` says why). For a role group's model: its decode
+        replica, with `prefill` a prefill replica of the same group (one whose group has no
+        prefill replica to take it is passed over); both are counted."""
         table = self._models.get(model)
         if table is None or not table.order:
             return None
+        partner = None
+        if model in self._grouped:
+
+            def partner(rid: ReplicaId) -> bool:
+                return self._prefill_of(model, rid, now_ms) is not None
+
+        key = self._top(table, now_ms, set(exclude), partner)
+        if key is None:
+            return None
+        route = self._take(table, key[2])
+        if partner is not None:
+            found = self._prefill_of(model, route.replica, now_ms)
+            assert found is not None
+            prefill = self._take(found[0], found[1][2])
+            route = Route(route.replica, route.endpoint, prefill)
+        return route
+
+    def _prefill_of(
+        self, model: ModelName, rid: ReplicaId, now_ms: int
+    ) -> tuple[_Model, Key] | None:
+        """The prefill table of `rid`'s group and the key it would pick, if any."""
+        table = self._models.get(_prefill_key(model, self._group_of.get(rid, "")))
+        if table is None or not table.order:
+            return None
+        key = self._top(table, now_ms, set(), None)
+        return None if key is None else (table, key)
+
+    def _top(
+        self,
+        table: _Model,
+        now_ms: int,
+        skip: set[ReplicaId],
+        partner: Callable[[ReplicaId], bool] | None,
+    ) -> Key | None:
+        """The key `pick` would take from `table`: the smallest whose replica is routable,
+        neither ejected nor at the limit nor skipped, and (with `partner`) has a partner. Stale
+        entries are dropped on the way; skipped ones stay."""
         self._back_from_ejection(table, now_ms)
-        skip = set(exclude)
         limit = self.outstanding_limit
         passed: list[Key] = []  # excluded by the caller: back in the heap after
-        chosen: ReplicaId | None = None
+        chosen: Key | None = None
         while table.heap:
             key = heapq.heappop(table.heap)
             rid = key[2]
@@ -280,21 +351,23 @@ class Router:
                 continue  # in the ejected heap until its time comes
             if limit is not None and key[0] >= limit:
                 continue  # pushed again when a request of it finishes
-            if rid in skip:
-                passed.append(key)
+            passed.append(key)
+            if rid in skip or (partner is not None and not partner(rid)):
                 continue
-            chosen = rid
+            chosen = key
             break
         for key in passed:
             heapq.heappush(table.heap, key)
-        if chosen is None:
-            return None
-        health = self._health.setdefault(chosen, _Health())
+        return chosen
+
+    def _take(self, table: _Model, rid: ReplicaId) -> Route:
+        """Count a pick of `rid` from `table`: in flight, and picked now."""
+        health = self._health.setdefault(rid, _Health())
         health.outstanding += 1
         health.last_pick = self._picks
         self._picks += 1
-        self._push(table, chosen)
-        return Route(chosen, table.endpoints[chosen])
+        self._push(table, rid)
+        return Route(rid, table.endpoints[rid])
 
     def _back_from_ejection(self, table: _Model, now_ms: int) -> None:
         """Every replica of the table whose ejection ended by `now_ms` is back, on probation:
@@ -314,12 +387,18 @@ class Router:
         """Why `pick` found nothing for `model` at `now_ms`."""
         skip = set(exclude)
         candidates = [r.replica for r in self.routes(model) if r.replica not in skip]
+        if model in self._grouped:  # a decode replica whose group has no prefill one left
+            candidates = [r for r in candidates if self._has_prefill(model, r)]
         if not candidates:
             return NoRoute.NO_REPLICA
         ejected = self.ejected(now_ms)
         if all(r in ejected for r in candidates):
             return NoRoute.EJECTED
         return NoRoute.BUSY
+
+    def _has_prefill(self, model: ModelName, rid: ReplicaId) -> bool:
+        table = self._models.get(_prefill_key(model, self._group_of.get(rid, "")))
+        return table is not None and bool(table.order)
 
     def finished(self, rid: ReplicaId, ok: bool, now_ms: int = 0) -> bool:
         """A picked request to `rid` ended: `ok` when the replica answered (whatever the
@@ -351,3 +430,11 @@ class Router:
         elif health.ejected_until is None:
             self._push(self._models[model], rid)
         return ejected
+
+
+_PREFILL = "/prefill@"
+
+
+def _prefill_key(model: ModelName, group: str) -> ModelName:
+    """A group's prefill table (model names hold neither '/' nor '@': no model's own)."""
+    return ModelName(f"{model}{_PREFILL}{group}")

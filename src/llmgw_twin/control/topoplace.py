@@ -177,6 +177,7 @@ def place_by_topology(
     spread: Mapping[NodeId, int],
     demand: Demand | None,
     cache: GroupCache,
+    only: FabricId | None = None,
 ) -> tuple[FabricId, list[NodeId]] | str:
     """A fabric and nodes for one replica of a ruled profile, or why there are none."""
     shape = Shape.of(profile)
@@ -185,6 +186,8 @@ def place_by_topology(
     best: tuple[tuple[int, int, int, int, FabricId, str], list[NodeId]] | None = None
     short: list[tuple[int, str]] = []
     for fabric in book.fabrics():
+        if only is not None and fabric != only:
+            continue
         tight = demand is not None and demand.tight(fabric)
         for name, members in _groups(book, fabric, shape, rules, excluded, cache):
             if len(members) < shape.nodes:

@@ -44,9 +44,11 @@ from llmgw_twin import codec
 from llmgw_twin.control import protocol as p
 from llmgw_twin.control.model import (
     ENGINES,
+    MAX_ROLE_COUNT,
     Deployment,
     NodeInfo,
     Profile,
+    Role,
     ShardReport,
     ShardSpec,
     ShardState,
@@ -226,6 +228,7 @@ class ShardSpecW(Mirror[ShardSpec]):
     rank_ports: RankPorts = []
     load_time_ms: Count = 0
     args: Args = []
+    role: Literal["", "prefill", "decode"] = ""
 
     @field_validator("args")
     @classmethod
@@ -347,11 +350,31 @@ class ProfileW(Wire):
         return cls._of(pr, drop={"name"})
 
 
+class RoleW(Mirror[Role]):
+    """One role of a role group (`control/groups.py`)."""
+
+    name: Literal["prefill", "decode"]
+    profile: Name
+    count: Annotated[int, Strict(), Field(ge=1, le=MAX_ROLE_COUNT)] = 1
+
+
 class DeploymentW(Wire):
-    """A deployment's body; its model is the resource's name."""
+    """A deployment's body; its model is the resource's name. With `roles`, `replicas` counts
+    role groups, and `profile` must be the first role's."""
 
     profile: Name
     replicas: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)]
+    roles: Annotated[list[RoleW], Field(max_length=2)] = []
+
+    @model_validator(mode="after")
+    def _roles(self) -> DeploymentW:
+        if not self.roles:
+            return self
+        if sorted(r.name for r in self.roles) != ["decode", "prefill"]:
+            raise ValueError("a role group needs the roles prefill and decode, each once")
+        if self.roles[0].profile != self.profile:
+            raise ValueError("profile must be the first role's profile")
+        return self
 
     def to_core(self, model: str) -> Deployment:
         return self._to(Deployment, model=model)

@@ -36,6 +36,8 @@ _ORDER = (
     "replicas",
     "profile",
     "was",
+    "group",
+    "role",
 )
 _LATER = ("adopted", "restored", "ready", "down_for_ms", "side", "reason")
 

@@ -21,6 +21,8 @@ from yaml.nodes import Node
 
 from llmgw_twin.control.model import (
     ENGINES,
+    MAX_ROLE_COUNT,
+    ROLE_NAMES,
     Deployment,
     EngineName,
     FabricId,
@@ -29,6 +31,7 @@ from llmgw_twin.control.model import (
     NodeInfo,
     Profile,
     ProfileName,
+    Role,
 )
 from llmgw_twin.control.topology import TopologyRules
 from llmgw_twin.twin.scenario import yamlnodes as yn
@@ -58,7 +61,8 @@ PROFILE_KEYS = (
     "nvlink",
     "leaves",
 )
-DEPLOYMENT_KEYS = ("model", "profile", "replicas", "autoscale")
+DEPLOYMENT_KEYS = ("model", "profile", "replicas", "autoscale", "roles")
+ROLE_KEYS = ("profile", "count")
 
 DEFAULT_GPUS = 8
 DEFAULT_GPU_MEMORY_MIB = 80 * 1024
@@ -321,17 +325,55 @@ def load_deployments(
                 f"{where}: model '{model}' is deployed twice (first at line {first_line[model]})",
             )
         first_line[model] = yn.line_of(model_node)
-        profile_node = view.require("profile")
-        profile = yn.text(profile_node, f"{where}.profile")
-        if profile not in known_profiles:
-            raise yn.Invalid.at(
-                profile_node,
-                f"{where}.profile: unknown profile '{yn.short(profile)}' "
-                f"(expected one of: {yn.preview(list(known_profiles))})",
-            )
+        roles_node = view.get("roles")
+        if roles_node is not None:
+            if view.has("profile"):
+                raise yn.Invalid.at(
+                    view.entry("profile").key_node,
+                    f"{where}: a deployment of roles names a profile per role, not 'profile'",
+                )
+            roles = _roles(roles_node, f"{where}.roles", known_profiles)
+            profile = roles[0].profile
+            shards = sum(r.count * known_profiles[r.profile] for r in roles)
+        else:
+            profile_node = view.require("profile")
+            profile = ProfileName(_known(profile_node, f"{where}.profile", known_profiles))
+            roles, shards = (), known_profiles[profile]
         replicas_node = view.require("replicas")
         replicas = yn.integer(replicas_node, f"{where}.replicas", minimum=0, maximum=MAX_REPLICAS)
-        totals.shards_per_replica[model] = known_profiles[profile]
+        totals.shards_per_replica[model] = shards
         totals.raise_to(model, replicas, replicas_node, f"{where}.replicas")
-        out.append(Deployment(ModelName(model), ProfileName(profile), replicas))
+        out.append(Deployment(ModelName(model), profile, replicas, roles))
     return tuple(out), totals
+
+
+def _known(node: Node, where: str, known_profiles: dict[str, int]) -> str:
+    profile = yn.text(node, where)
+    if profile not in known_profiles:
+        raise yn.Invalid.at(
+            node,
+            f"{where}: unknown profile '{yn.short(profile)}' "
+            f"(expected one of: {yn.preview(list(known_profiles))})",
+        )
+    return profile
+
+
+def _roles(node: Node, where: str, known_profiles: dict[str, int]) -> tuple[Role, ...]:
+    """A role group's roles: `prefill` and `decode`, each a profile and a count per group."""
+    view = yn.MapView(node, where)
+    view.check_keys(ROLE_NAMES)
+    out = []
+    for name in ROLE_NAMES:
+        if not view.has(name):
+            raise yn.Invalid.at(
+                node, f"{where}: missing role '{name}' (a group needs {', '.join(ROLE_NAMES)})"
+            )
+        role = yn.MapView(view.require(name), f"{where}.{name}")
+        role.check_keys(ROLE_KEYS)
+        profile = _known(role.require("profile"), f"{where}.{name}.profile", known_profiles)
+        count_node = role.get("count")
+        count = 1
+        if count_node is not None:
+            count = yn.integer(count_node, f"{where}.{name}.count", 1, MAX_ROLE_COUNT)
+        out.append(Role(name, ProfileName(profile), count))
+    return tuple(out)

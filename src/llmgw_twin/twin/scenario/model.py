@@ -319,6 +319,8 @@ EVENT_SUBJECTS: tuple[str, ...] = (
     "leaf",
     "spine",
     "domain",
+    "group",
+    "role",
 )
 """Subject fields an event may carry, and so the filters an event expectation may use."""
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.model import (
+    ROLE_NAMES,
     FabricId,
     NodeId,
     NodeState,
@@ -171,6 +172,8 @@ class Invariants:
             if rec.state is ReplicaState.READY:
                 self._check_ready(ctl, t_ms, rec)
         self.checks["no_orphans"] += 1
+        for message in group_orphans(ctl.replicas()):
+            self._fail("no_orphans", t_ms, message)
         for engine in self._world.engines():
             owner = ctl.replica(engine.key.replica)
             wanted = (
@@ -186,3 +189,24 @@ class Invariants:
                     f"{engine.spec.node} still runs {engine.key.replica}/{engine.key.rank}, "
                     "which no wanted replica claims",
                 )
+
+
+def group_orphans(records: Iterable[ReplicaRecord]) -> list[str]:
+    """Role groups left holding resources for a partner that is gone: a group with a placed
+    member but a role with none placed, or members in two fabrics (`control/groups.py`)."""
+    groups: dict[str, list[ReplicaRecord]] = {}
+    for rec in records:
+        if rec.group and rec.state.live:
+            groups.setdefault(rec.group, []).append(rec)
+    out = []
+    for gid, members in sorted(groups.items()):
+        placed = [m for m in members if m.placed]
+        if not placed:
+            continue
+        fabrics = sorted({str(m.fabric) for m in placed})
+        if len(fabrics) > 1:
+            out.append(f"group {gid} has members in {', '.join(fabrics)}")
+        held = {m.role for m in placed}
+        for role in [r for r in ROLE_NAMES if r not in held]:
+            out.append(f"group {gid} holds {', '.join(m.id for m in placed)} but no {role}")
+    return out

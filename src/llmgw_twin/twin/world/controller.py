@@ -303,6 +303,9 @@ class ControllerShell:
             if route is not None:
                 self.checks.routed(core, now, route.replica)
                 self.router.finished(route.replica, True, now)
+                if route.prefill is not None:
+                    self.checks.routed(core, now, route.prefill.replica)
+                    self.router.finished(route.prefill.replica, True, now)
 
     # --- carrying out a step -----------------------------------------------------------------
 

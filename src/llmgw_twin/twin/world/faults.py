@@ -11,6 +11,7 @@ deployment deleted) go through the controller's admin entry point like an API ca
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 from functools import partial
 from typing import assert_never
@@ -98,7 +99,7 @@ def schedule_faults(
                 world.nodes[node].restart_agent(down_for_ms)
             case SetReplicas(model=model, replicas=replicas):
                 dep = deployments[model]
-                deployments[model] = Deployment(dep.model, dep.profile, replicas)
+                deployments[model] = replace(dep, replicas=replicas)
                 controller.operator(ApplyDeployment(deployments[model]))
             case SetProfile(model=model, profile=profile):
                 dep = deployments[model]

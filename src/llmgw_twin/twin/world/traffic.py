@@ -38,7 +38,7 @@ from fractions import Fraction
 
 from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.model import ModelName, ProfileName, ReplicaId, ReplicaState, ShardKey
-from llmgw_twin.control.routing import Router, RouterTimeouts, snapshot_of
+from llmgw_twin.control.routing import Route, Router, RouterTimeouts, snapshot_of
 from llmgw_twin.engines.perf.model import Served
 from llmgw_twin.twin.scenario.arrivals import Arrival, arrivals
 from llmgw_twin.twin.scenario.model import Scenario, Traffic
@@ -240,15 +240,12 @@ class TrafficRouter:
             counts.in_flight += died
             return
         self._judge_pick(route.replica, now)
-        engines, answer = self._reach(route.replica)
         retry = first is None
+        if route.prefill is not None and not self._prefilled(traffic, req, route, retry, died):
+            return
+        engines, answer = self._reach(route.replica)
         if answer is not Answer.OK:
-            delay = {
-                Answer.REFUSED: 0,
-                Answer.UNREACHABLE: self.timeouts.connect_ms,
-                Answer.STALLED: self.timeouts.first_byte_ms,
-            }[answer]
-            self.world.later(delay, lambda: self._failed(traffic, req, route.replica, retry, died))
+            self._fail_later(answer, lambda: self._failed(traffic, req, route.replica, retry, died))
             return
         pending = _Pending(traffic, req, route.replica, retry)
         self._inflight.setdefault(route.replica, []).append(pending)
@@ -288,6 +285,32 @@ class TrafficRouter:
                 self._failed(traffic, req, route.replica, retry, True)
 
         self.world.later(done_ms, complete)
+
+    def _prefilled(
+        self, traffic: Traffic, req: Arrival, route: Route, retry: bool, died: bool
+    ) -> bool:
+        """A role group's prefill replica takes the prompt first: whether it did (its pick is
+        told at once), else the try fails as a try on it would."""
+        assert route.prefill is not None
+        hop = route.prefill.replica
+        self._judge_pick(hop, self.world.now)
+        _, answer = self._reach(hop)
+        if answer is Answer.OK:
+            self._finished(traffic.model, hop, True)
+            return True
+        self._finished(traffic.model, route.replica, True)  # (never tried)
+        self._fail_later(answer, lambda: self._failed(traffic, req, hop, retry, died))
+        return False
+
+    def _fail_later(self, answer: Answer, failed: Callable[[], None]) -> None:
+        """A try that found its replica refusing, unreachable or stalled fails when the client
+        would know."""
+        delay = {
+            Answer.REFUSED: 0,
+            Answer.UNREACHABLE: self.timeouts.connect_ms,
+            Answer.STALLED: self.timeouts.first_byte_ms,
+        }[answer]
+        self.world.later(delay, failed)
 
     def _batched(
         self, pending: _Pending, engines: _Engines, profile: ProfileName, died: bool
