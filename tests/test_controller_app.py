@@ -137,7 +137,9 @@ def test_deploy_assigns_shards_only_after_the_store_holds_the_placement(tmp_path
             assert replica["state"] == "placed" and replica["fabric"] == "ib-a"
             assert replica["nodes"] == ["n1", "n2"] and replica["endpoint"] is None
             assert [sh["state"] for sh in replica["shards"]] == [None, None]
-            assert s["deployments"] == [{"model": "tiny", "profile": "tiny-2n", "replicas": 1}]
+            assert s["deployments"] == [
+                {"model": "tiny", "profile": "tiny-2n", "replicas": 1, "roles": []}
+            ]
             held = [g for g in s["nodes"][0]["gpus"] if g["replica"] == "tiny-r1"]
             assert [g["index"] for g in held] == [0, 1]
 
@@ -349,7 +351,9 @@ def test_a_restarted_controller_restores_from_its_store_and_asks_agents_to_repor
             requests = await eventually(asked, 5, "both known agents asked to report")
             assert sorted(body["node"] for _, body in requests) == ["n1", "n2"]
             s = await state(client)
-            assert s["deployments"] == [{"model": "tiny", "profile": "tiny-2n", "replicas": 1}]
+            assert s["deployments"] == [
+                {"model": "tiny", "profile": "tiny-2n", "replicas": 1, "roles": []}
+            ]
             assert s["replicas"][0]["replica"] == "tiny-r1"
             # its agents have not answered: it waits, restored, for them or for their loss
             assert s["replicas"][0]["state"] == "adopting"

@@ -295,7 +295,7 @@ CASES = {
             29,
             5,
             "unknown key 'replica' in deployments[0] "
-            "(expected one of: model, profile, replicas, autoscale)",
+            "(expected one of: model, profile, replicas, autoscale, roles)",
         ),
     ),
     "unknown node in a fault": (
@@ -494,11 +494,11 @@ def test_error_message_for_unknown_key_is_exact() -> None:
     err = error_of(mutate("    replicas: 2", "    replica: 2"))
     assert err.message == (
         "unknown key 'replica' in deployments[0] "
-        "(expected one of: model, profile, replicas, autoscale)"
+        "(expected one of: model, profile, replicas, autoscale, roles)"
     )
     assert str(err) == (
         "s.yaml:29:5: unknown key 'replica' in deployments[0] "
-        "(expected one of: model, profile, replicas, autoscale)"
+        "(expected one of: model, profile, replicas, autoscale, roles)"
     )
 
 

@@ -330,10 +330,21 @@ def test_a_store_written_in_todays_row_format_loads_the_same_state(
         (name, str(row).replace(f'"node":"{name}"}}', f'"node":"{name}","topology":null}}'))
         for name, row in TODAYS_ROWS["nodes"]
     ]
+    # (and today's role groups: none for a deployment, a replica, a spec)
+    replica_body = (
+        str(body)
+        .replace(SPEC_1_OLD, spec_1)
+        .replace('"fabric":"ib-a",', '"fabric":"ib-a","group":"",')
+        .replace('"replica":"m-r1",', '"replica":"m-r1","role":"",')
+    )
+    ((model_key, dbody),) = TODAYS_ROWS["deployments"]
     rewritten = TODAYS_ROWS | {
-        "replicas": [(rid, model, str(body).replace(SPEC_1_OLD, spec_1))],
+        "replicas": [(rid, model, replica_body)],
         "profiles": [profile_row],
         "nodes": node_rows,
+        "deployments": [
+            (model_key, str(dbody).replace('"replicas":3}', '"replicas":3,"roles":[]}'))
+        ],
     }
     raw = sqlite3.connect(again)
     for table, rows in rewritten.items():

@@ -68,16 +68,20 @@ def engines(*latencies_ms: int) -> Iterator[list[tuple[Engine, str]]]:
 
 
 def static_feed(
-    endpoints: dict[str, str], models: tuple[str, ...] = (MODEL,)
+    endpoints: dict[str, str],
+    models: tuple[str, ...] = (MODEL,),
+    roles: dict[str, tuple[str, str]] | None = None,
 ) -> httpx.MockTransport:
     """A controller feed that names `endpoints` (replica `{model}-r{n}` -> its URL) once, with
-    `models` deployed, then has no news (each later poll waits until the router stops)."""
+    `models` deployed, then has no news (each later poll waits until the router stops); `roles`
+    makes replicas members of role groups (replica -> its group and role)."""
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if "epoch" in request.url.params:
             await asyncio.Event().wait()
         snapshot = [
             {"model": r.rsplit("-r", 1)[0], "replica": r, "state": "ready", "endpoint": url}
+            | ({"group": roles[r][0], "role": roles[r][1]} if roles and r in roles else {})
             for r, url in sorted(endpoints.items())
         ]
         page = {

@@ -74,7 +74,7 @@ class Groups:
         live = [r for r in life.replicas.live(dep.model) if not life.moves.is_copy(r.id)]
         for rec in live:
             if not rec.group or dep.role(rec.role) is None:
-                life.reap(rec, "not a member of a role group of its deployment", scaled_down=True)
+                life.reap(rec, "scaled down", scaled_down=True)  # wanted by no role
         groups = group_of(r for r in live if r.state.live)
         surplus = len(groups) - dep.replicas
         if surplus > 0:

@@ -206,20 +206,20 @@ class Router:
     def resync(self, snapshot: Iterable[SnapshotEntry]) -> None:
         """Take a (new) controller's snapshot: ready replicas join, adopting ones keep the entry
         this router had, and every other replica leaves."""
-        keep: dict[ReplicaId, tuple[ModelName, str]] = {}
+        keep: dict[ReplicaId, tuple[ModelName, str, str]] = {}
         for entry in snapshot:
             if entry.state is SnapshotState.READY and entry.endpoint is not None:
                 key = self._table_key(entry.model, entry.group, entry.role)
-                keep[entry.replica] = (key, entry.endpoint)
+                keep[entry.replica] = (key, entry.endpoint, entry.group)
             elif entry.state is SnapshotState.ADOPTING:
                 had = self._model_of.get(entry.replica)
                 if had is not None:
-                    keep[entry.replica] = (had, self._models[had].endpoints[entry.replica])
+                    endpoint = self._models[had].endpoints[entry.replica]
+                    keep[entry.replica] = (had, endpoint, self._group_of.get(entry.replica, ""))
         for rid in [r for r in self._model_of if r not in keep]:
             self._leave(rid)
-        groups = {e.replica: e.group for e in snapshot if e.group} if keep else {}
-        for rid, (model, endpoint) in sorted(keep.items()):
-            self._join(model, rid, endpoint, groups.get(rid) or self._group_of.get(rid, ""))
+        for rid, (model, endpoint, group) in sorted(keep.items()):
+            self._join(model, rid, endpoint, group)
 
     def _table_key(self, model: ModelName, group: str, role: str) -> ModelName:
         """The table a replica is routed from: its model's, or its group's prefill table."""

@@ -213,9 +213,15 @@ def _is_number(word: str) -> bool:
 
 
 def widest_spec(
-    engine: str, rank: int, shard_count: int, gpus_per_node: int = 8, args: tuple[str, ...] = ()
+    engine: str,
+    rank: int,
+    shard_count: int,
+    gpus_per_node: int = 8,
+    args: tuple[str, ...] = (),
+    role: str = "",
 ) -> ShardSpec:
-    """A literal shard of a replica on nodes node01..nodeNN, GPUs 0..g-1 on each."""
+    """A literal shard of a replica on nodes node01..nodeNN, GPUs 0..g-1 on each (of a role
+    group's `role`, if given)."""
     nodes = tuple(NodeId(f"node{i + 1:02d}") for i in range(shard_count))
     return ShardSpec(
         replica=ReplicaId("llama-70b-r1"),
@@ -232,6 +238,7 @@ def widest_spec(
         rendezvous_port=RENDEZVOUS_PORT_BASE,
         load_time_ms=0,
         args=args,
+        role=role,
     )
 
 
@@ -240,7 +247,9 @@ WIDEST_NODES = 4
 
 
 def widest_of(adapter: EngineAdapter, ctx: LaunchContext) -> tuple[Launch, ...]:
+    """Each rank of the widest replica: a role group's prefill replica, whose disaggregation
+    flags are the engine's too (`ROLE_NAMES`: every role passes the same flags)."""
     return tuple(
-        adapter.launch(widest_spec(adapter.name, rank, WIDEST_NODES), ctx)
+        adapter.launch(widest_spec(adapter.name, rank, WIDEST_NODES, role="prefill"), ctx)
         for rank in range(WIDEST_NODES)
     )

@@ -12,6 +12,10 @@ Invariants: `--model-type llm` pins `sglang serve` to its language-model server,
 probes the model (which for a hub id means a network lookup) to choose a backend; the leader is
 ready when GET /health answers 200 (503 while the server is starting); workers open no port.
 
+Role groups (`control/groups.py`): every rank of a prefill replica runs `--disaggregation-mode
+prefill` with its own `--disaggregation-bootstrap-port`, every rank of a decode replica
+`--disaggregation-mode decode`; the transfer backend is SGLang's default.
+
 Load metrics: `/metrics` needs `--enable-metrics`, which the leader always gets. Queue:
 `sglang:num_queue_reqs`; KV-cache use: `sglang:token_usage` (0 to 1). Labelled per rank
 (`tp_rank` and others): the queues are summed, the largest use taken.
@@ -42,6 +46,13 @@ PROGRAM = Program(
 
 
 LOAD_METRICS = LoadMetrics(queue=("sglang:num_queue_reqs",), kv_cache=("sglang:token_usage",))
+BOOTSTRAP_PORT_BASE = 29700
+"""A prefill server's KV bootstrap port: this plus its first GPU index, unique on its node as
+the rendezvous ports are (`RENDEZVOUS_PORT_BASE`)."""
+
+
+def bootstrap_port(spec: ShardSpec) -> int:
+    return BOOTSTRAP_PORT_BASE + (spec.gpus[0] if spec.gpus else 0)
 
 
 class SglangAdapter:
@@ -70,6 +81,10 @@ class SglangAdapter:
                 "--dist-init-addr",
                 f"{ctx.leader_host}:{spec.rendezvous_port}",
             ]
+        if spec.role:  # a role group's replica: SGLang's prefill/decode disaggregation
+            argv += ["--disaggregation-mode", spec.role]
+            if spec.role == "prefill":  # where decode servers fetch the KV cache from
+                argv += ["--disaggregation-bootstrap-port", str(bootstrap_port(spec))]
         if spec.rank == 0:
             argv.append("--enable-metrics")  # the autoscaler's queue and KV-cache use
         return http_leader_launch(spec, ctx, argv)

@@ -12,6 +12,9 @@ Invariants: the model path is the positional `model_tag` (so `--model`, which `v
 hides, is never needed); the leader is ready when GET /health answers 200 (its API server binds
 only after every node's workers have joined and loaded); workers open no port of their own.
 
+Role groups (`control/groups.py`): every rank of a prefill or decode replica runs
+`--kv-transfer-config` with the NIXL connector.
+
 Load metrics: `/metrics` is always served. Queue: `vllm:num_requests_waiting`; KV-cache use:
 `vllm:kv_cache_usage_perc` (a share 0 to 1 despite its name; older releases call it
 `vllm:gpu_cache_usage_perc`). Labelled `model_name` and `engine`.
@@ -49,6 +52,10 @@ PROGRAM = Program(
 )
 
 
+KV_TRANSFER_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+"""vLLM's disaggregated prefill over NIXL: both roles run the same connector as `kv_both`; which
+one prefills is the router's choice (its first hop asks the prefill replica for one token)."""
+
 LOAD_METRICS = LoadMetrics(
     queue=("vllm:num_requests_waiting",),
     kv_cache=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
@@ -85,6 +92,8 @@ class VllmAdapter:
                 "--master-port",
                 str(spec.rendezvous_port),
             ]
+        if spec.role:  # a role group's replica: the KV cache goes prefill to decode over NIXL
+            argv += ["--kv-transfer-config", KV_TRANSFER_CONFIG]
         if not leader:
             argv.append("--headless")
         return http_leader_launch(spec, ctx, argv)

@@ -19,13 +19,14 @@ from typing import assert_never
 
 import httpx
 
-from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
+from llmgw_twin.control.model import Deployment, ModelName, NodeId, TraceEvent
 from llmgw_twin.realmode.cluster import RealCluster
 from llmgw_twin.realmode.controllers import RealControllers
 from llmgw_twin.realmode.late import node_lateness
 from llmgw_twin.realmode.links import LinkFaults
 from llmgw_twin.realmode.pace import node_paces
 from llmgw_twin.realmode.procs import children_groups
+from llmgw_twin.service.common.wire import DeploymentW
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
     AddNode,
@@ -287,7 +288,7 @@ class RealFaults:
         """`set_replicas` and `set_profile`: the deployment as the operator now wants it (the
         faults before, in order, applied to the file's), sent whole in one PUT."""
         dep = self._deployments[model] = replace(self._deployments[model], **change)  # type: ignore[arg-type]
-        call = self._set_replicas(client, model, dep.profile, dep.replicas, what)
+        call = self._set_replicas(client, dep, what)
         task = asyncio.create_task(call)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -295,22 +296,23 @@ class RealFaults:
     async def _set_replicas(
         self,
         client: httpx.AsyncClient,
-        model: str,
-        profile: str,
-        replicas: int,
+        dep: Deployment,
         what: str = "set_replicas",
     ) -> None:
         """The operator's PUT of the deployment (`set_replicas`, `set_profile`); its client
         retries while the API is down, until the run ends."""
         while self.now_ms() < self.scenario.duration_ms:
             # to whichever controller leads now (of several, `controllers.py`)
-            url = f"{self.cluster.controller_url}/v1/admin/deployments/{model}"
+            url = f"{self.cluster.controller_url}/v1/admin/deployments/{dep.model}"
+            body = DeploymentW.from_core(dep).model_dump(mode="json")
             with contextlib.suppress(httpx.HTTPError):
-                r = await client.put(url, json={"profile": profile, "replicas": replicas})
+                r = await client.put(url, json=body)
                 if r.status_code == 200:
                     return
             await asyncio.sleep(POLL_S)
-        self.progress(f"{what} {model} ({profile} x {replicas}) never reached the controller")
+        self.progress(
+            f"{what} {dep.model} ({dep.profile} x {dep.replicas}) never reached the controller"
+        )
 
     async def _operate(self, client: httpx.AsyncClient, action: Cordon | DeleteDeployment) -> None:
         """An operator action through the admin API, retried while the API is down (at

@@ -46,7 +46,7 @@ from llmgw_twin.realmode.keeper import Keeper
 from llmgw_twin.realmode.refusals import check_real_supported
 from llmgw_twin.realmode.stop import Interrupted, Stopper, signals_to
 from llmgw_twin.realmode.traffic import RealTraffic
-from llmgw_twin.service.common.wire import TraceEventW
+from llmgw_twin.service.common.wire import DeploymentW, TraceEventW
 from llmgw_twin.twin.report.text import describe
 from llmgw_twin.twin.scenario.model import (
     EventExpectation,
@@ -245,7 +245,7 @@ class RealRun:
         """Every deployment in one call, placed together as the twin places them at its start
         (one by one, a reconcile between two calls would place the first alone)."""
         deps = self.scenario.deployments
-        body = {d.model: {"profile": d.profile, "replicas": d.replicas} for d in deps}
+        body = {d.model: DeploymentW.from_core(d).model_dump(mode="json") for d in deps}
         if body:
             r = await client.put(
                 f"{self.cluster.controller_url}/v1/admin/deployments", json={"deployments": body}

@@ -25,7 +25,7 @@ import asyncio
 import secrets
 from collections.abc import Callable, Iterable
 from contextlib import suppress
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
@@ -49,6 +49,9 @@ Str = Annotated[str, Strict(), Field(max_length=4096)]
 Int = Annotated[int, Strict(), Field(ge=0)]
 
 
+Role = Literal["prefill", "decode"]
+
+
 class FeedEventW(_Strict):
     """A routing event: a replica of `model` joins (with its leader `endpoint`) or leaves; a
     join without an endpoint, or with `ready: false`, says it is not routable (a leave)."""
@@ -59,6 +62,8 @@ class FeedEventW(_Strict):
     replica: Str
     endpoint: Str | None = None
     ready: Annotated[bool, Strict()] | None = None
+    group: Str | None = None
+    role: Role | None = None
 
 
 class SnapshotEntryW(_Strict):
@@ -66,6 +71,8 @@ class SnapshotEntryW(_Strict):
     replica: Str
     state: SnapshotState
     endpoint: Str | None = None
+    group: Str | None = None
+    role: Role | None = None
 
 
 class FeedPageW(_Strict):
@@ -100,25 +107,41 @@ def event_wire(ev: TraceEvent) -> dict[str, Any] | None:
     ready = ev.get("ready")
     if isinstance(ready, bool):
         out["ready"] = ready
+    group, role = ev.get("group"), ev.get("role")
+    if isinstance(group, str) and isinstance(role, str):  # a role group's member
+        out["group"], out["role"] = group, role
     return out
 
 
 def event_of(w: FeedEventW) -> TraceEvent:
     """The event as the core's `Router.follow` reads it: the subjects it looks at, only."""
     return TraceEvent.of(
-        w.t_ms, w.kind, model=w.model, replica=w.replica, endpoint=w.endpoint, ready=w.ready
+        w.t_ms,
+        w.kind,
+        model=w.model,
+        replica=w.replica,
+        endpoint=w.endpoint,
+        ready=w.ready,
+        group=w.group,
+        role=w.role,
     )
 
 
 def snapshot_wire(entries: Iterable[SnapshotEntry]) -> list[dict[str, Any]]:
-    return [
-        {"model": e.model, "replica": e.replica, "state": e.state.value, "endpoint": e.endpoint}
-        for e in entries
-    ]
+    out: list[dict[str, Any]] = []
+    for e in entries:
+        item: dict[str, Any] = {"model": e.model, "replica": e.replica, "state": e.state.value}
+        item["endpoint"] = e.endpoint
+        if e.group:
+            item["group"], item["role"] = e.group, e.role
+        out.append(item)
+    return out
 
 
 def snapshot_entry(w: SnapshotEntryW) -> SnapshotEntry:
-    return SnapshotEntry(ModelName(w.model), ReplicaId(w.replica), w.state, w.endpoint)
+    return SnapshotEntry(
+        ModelName(w.model), ReplicaId(w.replica), w.state, w.endpoint, w.group or "", w.role or ""
+    )
 
 
 class RoutingFeed:

@@ -79,6 +79,7 @@ def fleet_state(core: Controller, agent_urls: dict[NodeId, str], t_ms: int) -> d
                 "endpoint": rec.endpoint,
                 "reason": rec.unplaceable_reason,
                 "shards": shards,
+                **rec.tags,
             }
         )
     return {

@@ -8,6 +8,7 @@ and `deployments` have exactly a scenario's shape (the same `Timings` keys a loa
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -16,7 +17,16 @@ from typing import Annotated, Any, Literal, assert_never
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from llmgw_twin.control.autoscale import AutoscalePolicy
-from llmgw_twin.control.model import Deployment, ModelName, Profile, ProfileName, Timings
+from llmgw_twin.control.model import (
+    MAX_ROLE_COUNT,
+    ROLE_NAMES,
+    Deployment,
+    ModelName,
+    Profile,
+    ProfileName,
+    Role,
+    Timings,
+)
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.service.common.config import (
     ConfigError,
@@ -86,11 +96,20 @@ class ProfileC(_Strict):
     """Every shard under one leaf switch, or as few as can be."""
 
 
+class RoleC(_Strict):
+    profile: Name
+    count: Annotated[int, Strict(), Field(ge=1, le=MAX_ROLE_COUNT)] = 1
+
+
 class DeploymentC(_Strict):
     model: Name
-    profile: Name
+    profile: Name | None = None
+    """Required unless `roles` names a profile per role."""
     replicas: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)]
-    """As the API bounds a deployment's (`PUT /v1/admin/deployments/{model}`)."""
+    """As the API bounds a deployment's (`PUT /v1/admin/deployments/{model}`); with `roles`, the
+    role groups."""
+    roles: dict[Literal["prefill", "decode"], RoleC] | None = None
+    """A role group's roles, as a scenario file writes them (`docs/topology.md`)."""
 
 
 class AutoscaleC(_Strict):
@@ -259,14 +278,9 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
         profiles.append(profile)
     deployments: list[Deployment] = []
     for i, dc in enumerate(f.deployments):
-        if dc.profile not in f.profiles:
-            raise ConfigError(
-                f"{path}: deployments[{i}].profile: unknown profile {dc.profile!r} "
-                f"(expected one of: {', '.join(f.profiles) or 'none defined'})"
-            )
         if any(d.model == dc.model for d in deployments):
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
-        deployments.append(Deployment(ModelName(dc.model), ProfileName(dc.profile), dc.replicas))
+        deployments.append(_deployment(path, i, dc, f.profiles))
     autoscale = tuple(_autoscale(path, model, ac) for model, ac in sorted(f.autoscale.items()))
     for policy in autoscale:
         _engine_exports(path, policy, f)
@@ -321,7 +335,7 @@ def _engine_exports(path: Path, policy: AutoscalePolicy, f: ControllerFile) -> N
     if policy.signal not in ENGINE_SIGNALS:
         return
     for dc in f.deployments:
-        pc = f.profiles.get(dc.profile)
+        pc = f.profiles.get(dc.profile) if dc.profile is not None else None
         if dc.model != policy.model or pc is None:
             continue
         try:
@@ -342,3 +356,27 @@ def default_url(host: str, port: int, tls: ServerTls | None) -> str:
     elif ":" in host:
         host = f"[{host}]"
     return f"{'https' if tls is not None else 'http'}://{host}:{port}"
+
+
+def _deployment(path: Path, i: int, dc: DeploymentC, profiles: Mapping[str, object]) -> Deployment:
+    """A deployment of the file, plain or of roles, its profiles checked."""
+    where = f"{path}: deployments[{i}]"
+    if (dc.profile is None) == (dc.roles is None):
+        raise ConfigError(f"{where}: name either a profile or roles (a profile per role)")
+    named = [("profile", dc.profile)] if dc.profile is not None else []
+    roles: list[Role] = []
+    given: dict[str, RoleC] = {str(k): v for k, v in (dc.roles or {}).items()}
+    for name in ROLE_NAMES if dc.roles is not None else ():
+        rc = given.get(name)
+        if rc is None:
+            raise ConfigError(f"{where}.roles: missing role {name!r} (a group needs both)")
+        named.append((f"roles.{name}.profile", rc.profile))
+        roles.append(Role(name, ProfileName(rc.profile), rc.count))
+    for key, profile in named:
+        if profile not in profiles:
+            raise ConfigError(
+                f"{where}.{key}: unknown profile {profile!r} "
+                f"(expected one of: {', '.join(profiles) or 'none defined'})"
+            )
+    first = roles[0].profile if roles else ProfileName(str(dc.profile))
+    return Deployment(ModelName(dc.model), first, dc.replicas, tuple(roles))

@@ -61,6 +61,7 @@ REASON_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("drain_ended", r"^drain of \S+ ended$"),
         ("deployment_deleted", r"^deployment deleted$"),
         ("profile_changed", r"^profile changed to \S+"),
+        ("group_dissolved", r"^group \S+ dissolved: "),
     )
 )
 """The class of a failure's or a reap's reason, by the wording the core gives it (the first

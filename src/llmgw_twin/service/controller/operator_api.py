@@ -106,7 +106,8 @@ def add_operator_routes(app: FastAPI, runtime: ControllerRuntime, admin: list[An
         declarative apply of a whole fleet's deployments wants, and real mode's time zero."""
         core = runtime.core
         deps = [w.to_core(model) for model, w in sorted(body.deployments.items())]
-        unknown = sorted({d.profile for d in deps if core.profile(d.profile) is None})
+        named = {d.profile for d in deps} | {r.profile for d in deps for r in d.roles}
+        unknown = sorted(p for p in named if core.profile(p) is None)
         if unknown:  # checked before anything changes
             raise Refused(f"unknown profile(s): {', '.join(unknown)}")
         await runtime.handle_all([ApplyDeployment(d) for d in deps])

@@ -291,6 +291,8 @@ def _replica(r: dict[str, Any]) -> dict[str, Any]:
         "profile": r["profile"],
         "state": state if shards or state == "pending" else "pending",
     }
+    if r.get("group"):  # a role group's member (docs/topology.md)
+        out["group"], out["role"] = r["group"], r["role"]
     if shards and state != "pending":
         out["fabric"] = r["fabric"]
         out["shards"] = [
@@ -344,8 +346,7 @@ def scenario(state: dict[str, Any], name: str, duration_ms: int, seed: int) -> d
     if state["profiles"]:
         out["profiles"] = {p: _profile(b) for p, b in sorted(state["profiles"].items())}
     out["deployments"] = [
-        {"model": d["model"], "profile": d["profile"], "replicas": int(d["replicas"])}
-        for d in sorted(state["deployments"], key=lambda d: d["model"])
+        _deployment(d) for d in sorted(state["deployments"], key=lambda d: d["model"])
     ]
     rates = state.get("request_rates") or {}
     traffic = [
@@ -388,3 +389,13 @@ def _summary(state: dict[str, Any]) -> str:
         f"{len(state['nodes'])} node(s), {len(state['deployments'])} deployment(s), "
         f"{len(state['replicas'])} replica(s)"
     )
+
+
+def _deployment(d: dict[str, Any]) -> dict[str, Any]:
+    """A deployment as a scenario file writes it: a profile, or roles (`roles:` per name)."""
+    out: dict[str, Any] = {"model": d["model"], "replicas": int(d["replicas"])}
+    roles = d.get("roles") or []
+    if not roles:
+        return {"model": d["model"], "profile": d["profile"], "replicas": int(d["replicas"])}
+    out["roles"] = {r["name"]: {"profile": r["profile"], "count": int(r["count"])} for r in roles}
+    return out

@@ -256,12 +256,25 @@ class Forwarder:
             tried.append(route.replica)
             if len(tried) > 1:
                 self.retried += 1
+            decode = Pick(self, route)
+            hop = route.prefill or route  # the replica tried now
             try:
-                answer = await self._attempt(Pick(self, route), path, raw, stream)
+                body = raw
+                if route.prefill is not None:  # a role group: the prompt goes to prefill first
+                    try:
+                        sent = await self._prefill(route.prefill, path, raw)
+                    except BaseException:
+                        decode.finish()  # never tried: nothing judged against it
+                        raise
+                    if isinstance(sent, Response):  # the prefill replica's own refusal
+                        decode.finish()
+                        return tag(sent, route.prefill.replica, len(tried) > 1)
+                    body, hop = sent, route
+                answer = await self._attempt(decode, path, body, stream)
             except _Failed as e:
                 self.failed += 1
-                log.warning("replica %s at %s failed: %s", route.replica, route.endpoint, e)
-                failure = (route.replica, e)
+                log.warning("replica %s at %s failed: %s", hop.replica, hop.endpoint, e)
+                failure = (hop.replica, e)
                 continue
             return tag(answer, route.replica, len(tried) > 1)
         if failure is None:
@@ -342,6 +355,27 @@ class Forwarder:
         assert answer is not None
         pick.finish(ok=answer.status < 500)
         return Whole(body, status_code=answer.status, headers=content_type(answer))
+
+    async def _prefill(self, prefill: Route, path: str, raw: bytes) -> bytes | Response:
+        """A role group's first hop: the prefill replica computes the prompt's KV cache, asked
+        whole for one token. The body for the decode replica (the request as sent, with the
+        prefill answer's `kv_transfer_params` when it gives them: vLLM's disaggregation), or
+        the prefill replica's answer when it is not a success (passed on as it is)."""
+        request = json.loads(raw)
+        first = {**request, "stream": False, "max_tokens": 1}
+        first.pop("stream_options", None)
+        if "max_completion_tokens" in first:
+            first["max_completion_tokens"] = 1
+        answer = await self._attempt(Pick(self, prefill), path, json.dumps(first).encode(), False)
+        if not 200 <= answer.status_code < 300:
+            return answer
+        try:
+            handed = json.loads(bytes(answer.body)).get("kv_transfer_params")
+        except (ValueError, AttributeError):
+            handed = None
+        if handed is None:
+            return raw
+        return json.dumps({**request, "kv_transfer_params": handed}).encode()
 
     def _late(self, answer: Answer | None) -> str:
         t = self.timeouts

@@ -114,6 +114,8 @@ class Known:
     """The profiles `profiles:` defines (what `set_profile` may name), each with its `nodes`."""
     topology: TopologyNames = field(default_factory=TopologyNames)
     """The leaves, spines and NVLink domains of `cluster.topology` (what topology faults name)."""
+    grouped: dict[str, None] = field(default_factory=dict)
+    """The models deployed in roles (`set_profile` may not name them)."""
 
     def controller(self, node: Node, where: str, leader: bool = True) -> str:
         """A controller's name: `c1`..`cK` (and `leader`, where whichever leads is meant)."""
@@ -125,6 +127,17 @@ class Known:
         raise yn.Invalid.at(
             node, f"{where}: unknown controller '{value}' (known: {yn.preview(allowed)})"
         )
+
+    def ungrouped(self, node: Node, where: str) -> ModelName:
+        """A deployed model that is not deployed in roles (whose profiles cannot change)."""
+        model = self.model(node, where)
+        if model in self.grouped:
+            raise yn.Invalid.at(
+                node,
+                f"{where}: '{model}' is deployed in roles, whose profiles cannot change in "
+                "place (set_replicas scales its groups)",
+            )
+        return model
 
     def node(self, node: Node, where: str) -> NodeId:
         value = _ref(node, where)
@@ -361,7 +374,7 @@ def _action(key: str, value: Node, where: str, known: Known) -> FaultAction:
             known.totals.raise_to(model, replicas, replicas_node, replicas_where)
             return SetReplicas(model, replicas)
         case "set_profile":
-            model = known.model(*need("model"))
+            model = known.ungrouped(*need("model"))
             profile_node, profile_where = need("profile")
             profile = known.profile(profile_node, profile_where)
             known.totals.widen(model, known.profiles[profile], profile_node, profile_where)

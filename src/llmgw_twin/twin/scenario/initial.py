@@ -22,6 +22,7 @@ import re
 from yaml.nodes import Node
 
 from llmgw_twin.control.model import (
+    ROLE_NAMES,
     Deployment,
     FabricId,
     ModelName,
@@ -45,7 +46,7 @@ INITIAL_KEYS = ("nodes", "quarantines", "replicas")
 NODE_KEYS = ("state", "failed_gpus", "cordoned", "draining")
 NODE_STATES = ("alive", "suspect", "lost")
 QUARANTINE_KEYS = ("node", "profile", "for", "reason")
-REPLICA_KEYS = ("id", "model", "profile", "state", "fabric", "shards")
+REPLICA_KEYS = ("id", "model", "profile", "state", "fabric", "shards", "group", "role")
 REPLICA_STATES = ("ready", "starting", "pending")
 SHARD_KEYS = ("rank", "node", "gpus")
 _ID_RE = re.compile(r"(?P<model>.+)-r(?P<seq>[0-9]{1,9})")
@@ -192,6 +193,7 @@ class _Replicas:
         self.ids[rid] = yn.line_of(id_node)
         profile = _profile(v.require("profile"), f"{where}.profile", self.profile_of)
         state = yn.choice(v.require("state"), f"{where}.state", REPLICA_STATES, "replica state")
+        group, role = self._member(v, where, model)
         shards_node = v.get("shards")
         shards = [] if shards_node is None else yn.items(shards_node, f"{where}.shards")
         if state == "pending":
@@ -200,7 +202,15 @@ class _Replicas:
                     shards_node or item, f"{where}: a pending replica has no shards"
                 )
             return InitialReplica(
-                ReplicaId(rid), ModelName(model), profile.name, int(match["seq"]), state, None, ()
+                ReplicaId(rid),
+                ModelName(model),
+                profile.name,
+                int(match["seq"]),
+                state,
+                None,
+                (),
+                group,
+                role,
             )
         if len(shards) != profile.nodes:
             raise yn.Invalid.at(
@@ -212,10 +222,30 @@ class _Replicas:
         fabric = self.by_name[layout[0][0]].fabric
         if (f := v.get("fabric")) is not None and yn.name(f, f"{where}.fabric") != fabric:
             raise yn.Invalid.at(f, f"{where}.fabric: its nodes are in fabric {fabric}")
-        specs = shard_specs(ReplicaId(rid), ModelName(model), profile, layout)
+        specs = shard_specs(ReplicaId(rid), ModelName(model), profile, layout, role)
         return InitialReplica(
-            ReplicaId(rid), ModelName(model), profile.name, int(match["seq"]), state, fabric, specs
+            ReplicaId(rid),
+            ModelName(model),
+            profile.name,
+            int(match["seq"]),
+            state,
+            fabric,
+            specs,
+            group,
+            role,
         )
+
+    def _member(self, v: yn.MapView, where: str, model: str) -> tuple[str, str]:
+        """A role group's member: its `group` and `role`, both or neither (docs/topology.md)."""
+        if not (v.has("group") or v.has("role")):
+            return "", ""
+        group = yn.text(v.require("group"), f"{where}.group")
+        if not group.startswith(f"{model}-g") or not group[len(model) + 2 :].isdigit():
+            raise yn.Invalid.at(
+                v.entry("group").value, f"{where}.group: '{group}' is not '{model}-gN'"
+            )
+        role = yn.choice(v.require("role"), f"{where}.role", ROLE_NAMES, "role")
+        return group, role
 
     def _layout(
         self, shards: list[Node], where: str, rid: str, profile: Profile

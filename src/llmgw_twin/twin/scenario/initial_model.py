@@ -44,6 +44,9 @@ class InitialReplica:
     start, loading), or `pending` (wanted, placed nowhere: the twin's controller places it)."""
     fabric: FabricId | None
     specs: tuple[ShardSpec, ...]
+    group: str = ""
+    """A role group's member: its group and role (docs/topology.md); empty: a plain replica."""
+    role: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +66,14 @@ class Initial:
 
 
 def shard_specs(
-    rid: ReplicaId, model: ModelName, profile: Profile, layout: list[tuple[NodeId, tuple[int, ...]]]
+    rid: ReplicaId,
+    model: ModelName,
+    profile: Profile,
+    layout: list[tuple[NodeId, tuple[int, ...]]],
+    role: str = "",
 ) -> tuple[ShardSpec, ...]:
     """The specs the controller hands a replica placed on `layout` (node and GPUs by rank), as
-    its placement (`control/lifecycle.py`, `bind`) writes them."""
+    its placement (`control/lifecycle.py`, `bind`) writes them (a role group's `role` too)."""
     nodes = tuple(n for n, _ in layout)
     return tuple(
         ShardSpec(
@@ -85,6 +92,7 @@ def shard_specs(
             rank_ports=tuple(RENDEZVOUS_PORT_BASE + g[0] for _, g in layout),
             load_time_ms=profile.load_time_ms,
             args=profile.args,
+            role=role,
         )
         for rank, (node, gpus) in enumerate(layout)
     )

@@ -200,6 +200,7 @@ def _scenario(text: str, path: str) -> Scenario:
         added=added,
         profiles={p.name: p.nodes for p in profiles},
         topology=topology,
+        grouped=dict.fromkeys(d.model for d in deployments if d.roles),
     )
     faults_node = top.get("faults")
     faults: tuple[Fault, ...] = ()

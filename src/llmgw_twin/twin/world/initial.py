@@ -53,7 +53,9 @@ def initial_writes(scenario: Scenario, initial: Initial) -> list[Write]:
         seqs[r.model] = max(seqs.get(r.model, 0), r.seq)
         if r.specs:
             assert r.fabric is not None
-            row = ReplicaRow(r.id, r.model, r.profile, r.seq, 0, r.fabric, len(r.specs), r.specs)
+            row = ReplicaRow(
+                r.id, r.model, r.profile, r.seq, 0, r.fabric, len(r.specs), r.specs, r.group
+            )
             writes.append(PutReplica(row))
     writes += [PutSeq(m, s) for m, s in sorted(seqs.items())]
     for n in initial.nodes:

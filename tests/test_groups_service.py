@@ -1,0 +1,187 @@
+"""Role groups through the controller service: a deployment of roles put through the admin API
+(and read from the controller's config file) is placed whole with each member's group and role
+on its events, kept across a restart from the store, and a change of its roles is refused with
+nothing changed; a snapshot of a fleet running a group starts the twin with that group. The
+controller runs in-process behind ASGI on a SQLite file of the test's, or (for the snapshot) on
+loopback with fake agents (`helpers.fake_fleet`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from helpers.fake_fleet import running_fleet
+from helpers.services import FAST, node_info, wait_sync
+from llmgw_twin.cli import main
+from llmgw_twin.control.model import ProfileName, Role
+from llmgw_twin.control.protocol import NodeRegistered
+from llmgw_twin.service.common.config import ConfigError
+from llmgw_twin.service.common.wire import NodeRegisteredW
+from llmgw_twin.service.controller.app import ControllerRuntime
+from llmgw_twin.service.controller.config import ControllerSettings, load_controller_config
+from llmgw_twin.service.controller.routes import create_controller_app
+from llmgw_twin.twin.scenario.loader import load_scenario
+from llmgw_twin.twin.world.runner import run_scenario
+
+ROLES: list[dict[str, Any]] = [
+    {"name": "prefill", "profile": "pre"},
+    {"name": "decode", "profile": "dec", "count": 2},
+]
+PROFILE = {"engine": "sim", "gpus_per_node": 8, "model": "/m"}
+
+
+def registration(name: str, fabric: str) -> dict[str, object]:
+    msg = NodeRegistered(node_info(name, fabric), (), incarnation=1)
+    return NodeRegisteredW.from_core(msg, f"http://agent-{name}").model_dump(mode="json")
+
+
+async def with_controller(db: Path, body: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
+    settings = ControllerSettings("127.0.0.1", 0, str(db), FAST, (), ())
+    runtime = ControllerRuntime(
+        settings, agent_transport=httpx.MockTransport(lambda r: httpx.Response(200, json={}))
+    )
+    await runtime.start()
+    transport = httpx.ASGITransport(app=create_controller_app(runtime))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+            await body(client)
+    finally:
+        await runtime.stop()
+
+
+async def placed(client: httpx.AsyncClient, want: int) -> list[dict[str, Any]]:
+    """The subjects of the `replica.placed` events, once `want` of them are logged (bounded)."""
+    for _ in range(500):
+        events = (await client.get("/v1/admin/events")).json()["events"]
+        found = [e["subjects"] for e in events if e["kind"] == "replica.placed"]
+        if len(found) >= want:
+            return found
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"fewer than {want} replica.placed events: {events}")
+
+
+def test_a_deployment_of_roles_is_placed_whole_kept_across_a_restart_and_not_reshaped(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "c.db"
+
+    async def first(client: httpx.AsyncClient) -> None:
+        for i, fabric in enumerate(["ib-a", "ib-a", "ib-a", "ib-b"]):
+            r = await client.post("/v1/agents/register", json=registration(f"n{i + 1}", fabric))
+            assert r.is_success
+        for name in ("pre", "dec"):
+            assert (await client.put(f"/v1/admin/profiles/{name}", json=PROFILE)).is_success
+        body = {"profile": "pre", "replicas": 1, "roles": ROLES}
+        assert (await client.put("/v1/admin/deployments/chat", json=body)).is_success
+        found = await placed(client, 3)
+        assert {e["fabric"] for e in found} == {"ib-a"}
+        assert sorted(e["role"] for e in found) == ["decode", "decode", "prefill"]
+        assert len({e["group"] for e in found}) == 1
+
+        # the roles cannot change in place; the count of a role can
+        swapped = {"profile": "dec", "replicas": 1, "roles": [ROLES[1] | {"count": 1}, ROLES[0]]}
+        r = await client.put("/v1/admin/deployments/chat", json=swapped)
+        assert r.status_code == 422 and "cannot change in place" in r.text, r.text
+        bad = {"profile": "pre", "replicas": 1, "roles": ROLES[:1]}
+        assert (await client.put("/v1/admin/deployments/chat", json=bad)).status_code == 422
+
+    async def second(client: httpx.AsyncClient) -> None:
+        state = (await client.get("/v1/admin/state")).json()
+        (chat,) = [d for d in state["deployments"] if d["model"] == "chat"]
+        assert chat["roles"] == [
+            {"name": "prefill", "profile": "pre", "count": 1},
+            {"name": "decode", "profile": "dec", "count": 2},
+        ]
+
+    asyncio.run(with_controller(db, first))
+    asyncio.run(with_controller(db, second))
+
+
+CONFIG = """\
+listen: {{host: 127.0.0.1, port: 1}}
+store: c.db
+profiles:
+  pre: {{engine: sim, gpus_per_node: 8, model: /m}}
+  dec: {{engine: sim, gpus_per_node: 8, model: /m}}
+deployments:
+  - {deployment}
+"""
+
+
+def test_the_config_file_takes_a_deployment_of_roles(tmp_path: Path) -> None:
+    path = tmp_path / "controller.yaml"
+    roles = "roles: {prefill: {profile: pre}, decode: {profile: dec, count: 3}}"
+    path.write_text(CONFIG.format(deployment=f"{{model: chat, replicas: 2, {roles}}}"))
+    (dep,) = load_controller_config(path).deployments
+    assert dep.roles == (Role("prefill", ProfileName("pre")), Role("decode", ProfileName("dec"), 3))
+    assert (dep.profile, dep.replicas) == ("pre", 2)
+
+
+@pytest.mark.parametrize(
+    ("deployment", "message"),
+    [
+        ("{model: chat, replicas: 1}", "either a profile or roles"),
+        (
+            "{model: chat, replicas: 1, profile: pre, roles: {prefill: {profile: pre}}}",
+            "either a profile or roles",
+        ),
+        ("{model: chat, replicas: 1, roles: {prefill: {profile: pre}}}", "missing role 'decode'"),
+        (
+            "{model: chat, replicas: 1, roles: {prefill: {profile: x}, decode: {profile: dec}}}",
+            "roles.prefill.profile: unknown profile 'x'",
+        ),
+    ],
+)
+def test_a_bad_deployment_of_roles_in_the_config_is_refused(
+    tmp_path: Path, deployment: str, message: str
+) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text(CONFIG.format(deployment=deployment))
+    with pytest.raises(ConfigError, match=message):
+        load_controller_config(path)
+
+
+def test_a_snapshot_of_a_fleet_with_a_role_group_starts_the_twin_with_the_group_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "fleet.yaml"
+    with running_fleet(tmp_path) as fleet:
+        for node, fabric in (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-a"), ("n4", "ib-b")):
+            fleet.add_node(node, fabric, 8)
+        for name in ("pre", "dec"):
+            fleet.put(f"/v1/admin/profiles/{name}", PROFILE)
+        fleet.put("/v1/admin/deployments/chat", {"profile": "pre", "replicas": 1, "roles": ROLES})
+
+        def ready() -> bool | None:
+            live = fleet.state()["replicas"]
+            return (len(live) == 3 and all(r["state"] == "ready" for r in live)) or None
+
+        wait_sync(ready, 30, "the group's three replicas ready")
+        monkeypatch.setenv("LLMGW_TWIN_TOKEN", fleet.admin)
+        assert main(["snapshot", "--controller", fleet.url, "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    (dep,) = data["deployments"]
+    assert dep == {
+        "model": "chat",
+        "replicas": 1,
+        "roles": {
+            "prefill": {"profile": "pre", "count": 1},
+            "decode": {"profile": "dec", "count": 2},
+        },
+    }
+    members = data["initial"]["replicas"]
+    assert sorted(r["role"] for r in members) == ["decode", "decode", "prefill"]
+    assert len({r["group"] for r in members}) == 1
+
+    result = run_scenario(load_scenario(out))
+    assert result.passed
+    assert [e for e in result.trace if e.kind in ("replica.placed", "replica.reaped")] == []
+    adopted = [e for e in result.trace if e.kind == "replica.adopted"]
+    assert sorted(str(e.get("role")) for e in adopted) == ["decode", "decode", "prefill"]
+    assert {e.get("group") for e in adopted} == {members[0]["group"]}
