@@ -26,6 +26,7 @@ from llmgw_twin.service.common.wire import NodeRegisteredW
 from llmgw_twin.service.controller.app import ControllerRuntime
 from llmgw_twin.service.controller.config import ControllerSettings, load_controller_config
 from llmgw_twin.service.controller.routes import create_controller_app
+from llmgw_twin.service.ops.ctl_fleet import render_explain
 from llmgw_twin.twin.scenario.loader import load_scenario
 from llmgw_twin.twin.world.runner import run_scenario
 
@@ -83,6 +84,16 @@ def test_a_deployment_of_roles_is_placed_whole_kept_across_a_restart_and_not_res
         assert {e["fabric"] for e in found} == {"ib-a"}
         assert sorted(e["role"] for e in found) == ["decode", "decode", "prefill"]
         assert len({e["group"] for e in found}) == 1
+        # `ctl explain` of a member names its group and partners
+        rid = next(e["replica"] for e in found if e["role"] == "prefill")
+        explained = (await client.get(f"/v1/admin/replicas/{rid}/explain")).json()
+        assert explained["group"]["role"] == "prefill"
+        assert sorted(m["role"] for m in explained["group"]["members"].values()) == [
+            "decode",
+            "decode",
+            "prefill",
+        ]
+        assert f"prefill of role group {found[0]['group']}: " in render_explain(explained)
 
         # the roles cannot change in place; the count of a role can
         swapped = {"profile": "dec", "replicas": 1, "roles": [ROLES[1] | {"count": 1}, ROLES[0]]}

@@ -139,6 +139,16 @@ def explain(core: Controller, rid: ReplicaId) -> dict[str, Any] | None:
             "one_fabric": True,
         },
     }
+    if rec.group:  # a role group's member: its partners, by role (`groups.py`)
+        members = [r for r in core.live_replicas(rec.model) if r.group == rec.group]
+        out["group"] = {
+            "group": rec.group,
+            "role": rec.role,
+            "members": {
+                r.id: {"role": r.role, "state": r.state.value}
+                for r in sorted(members, key=lambda r: r.seq)
+            },
+        }
     if rec.profile.topology.constrained:
         out["needs"] |= {
             "nvlink": rec.profile.topology.nvlink,

@@ -291,6 +291,10 @@ def render_explain(a: dict[str, Any]) -> str:
         + (f", nvlink {need['nvlink']}, leaves {need['leaves']}" if "nvlink" in need else ""),
         f"  why: {a.get('why')}",
     ]
+    if a.get("group"):
+        g = a["group"]
+        partners = ", ".join(f"{r} {m['role']} {m['state']}" for r, m in g["members"].items())
+        lines.append(f"  {g['role']} of role group {g['group']}: {partners}")
     if a.get("moving_to"):
         lines.append(f"  moving to: {a['moving_to']} (a drain's or a rollout's copy)")
     if a.get("copy_of"):
