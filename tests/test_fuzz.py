@@ -63,6 +63,7 @@ CI_SEEDS = "1..2000"
 
 def test_generation_is_deterministic_and_stays_in_its_ranges() -> None:
     enabled_sizes = set()
+    groups_seen = 0
     for seed in range(300):
         plan = generate(seed)
         assert generate(seed) == plan and scenario_text(generate(seed)) == scenario_text(plan)
@@ -70,14 +71,24 @@ def test_generation_is_deterministic_and_stays_in_its_ranges() -> None:
         assert all(n.gpus in (4, 8) for n in plan.nodes)
         assert all(1 <= p.nodes <= 2 and 2 <= p.gpus_per_node <= 8 for p in plan.profiles)
         assert all(5_000 <= p.load_ms <= 30_000 for p in plan.profiles)
-        assert 1 <= len(plan.deployments) <= 3
-        assert all(1 <= d.replicas <= 4 for d in plan.deployments)
+        plain = [d for d in plan.deployments if not d.roles]
+        grouped = [d for d in plan.deployments if d.roles]
+        assert 1 <= len(plain) <= 3 and len(grouped) <= 1  # and a role group's, at times
+        assert all(1 <= d.replicas <= 4 for d in plain)
+        for g in grouped:  # one or two groups: a prefill and one or two decodes each
+            assert g.model == "g1" and 1 <= g.replicas <= 2
+            assert (g.roles[0][0], g.roles[0][2]) == ("prefill", 1)
+            assert g.roles[1][0] == "decode" and 1 <= g.roles[1][2] <= 2
+            assert {p for _, p, _ in g.roles} <= {p.name for p in plan.profiles}
+            assert not any(f.model == g.model for f in plan.faults)
+        groups_seen += len(grouped)
         assert plan.enabled and set(plan.enabled) <= set(FAULT_KINDS)
         enabled_sizes.add(len(plan.enabled))
         for f in plan.faults:
             assert f.kind in plan.enabled  # swarm: only the kinds this seed enabled
             assert 0 < f.at_ms < plan.heal_at_ms and f.end_ms <= plan.heal_at_ms
     assert len(enabled_sizes) > 4  # subsets of many sizes, not all ten every time
+    assert 30 < groups_seen < 120  # about a quarter of the seeds
 
 
 def test_every_generated_file_loads_as_the_plan_says() -> None:
@@ -93,7 +104,8 @@ def test_every_generated_file_loads_as_the_plan_says() -> None:
         if states:
             assert states[0].at_ms == scenario.duration_ms
             assert states[0].ready_replicas == tuple(
-                (d.model, d.replicas) for d in plan.deployments
+                (d.model, d.replicas * (sum(c for *_, c in d.roles) if d.roles else 1))
+                for d in plan.deployments
             )
 
 

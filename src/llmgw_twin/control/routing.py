@@ -269,6 +269,10 @@ class Router:
     def models(self) -> list[ModelName]:
         return sorted(m for m, t in self._models.items() if t.order and _PREFILL not in m)
 
+    def routed(self) -> frozenset[ReplicaId]:
+        """Every replica in the table, of every model and role (ejected ones too)."""
+        return frozenset(self._model_of)
+
     def routes(self, model: ModelName) -> list[Route]:
         """The model's routable replicas as the controller announced them (ejected ones too)."""
         table = self._models.get(model)

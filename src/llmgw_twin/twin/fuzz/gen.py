@@ -23,6 +23,12 @@ import random
 from dataclasses import fields, replace
 
 from llmgw_twin.control.model import Timings
+from llmgw_twin.twin.fuzz.groups import (
+    group_capacity_allows,
+    group_deployment,
+    members_of,
+    shards_of,
+)
 from llmgw_twin.twin.fuzz.leaders import (
     CONTROLLER_KINDS,
     SLOWEST,
@@ -126,12 +132,13 @@ def generate(seed: int) -> Plan:
     enabled += more
     faults += extra
     faults.sort(key=lambda f: f.at_ms)  # stable: ties keep the order they were drawn in
+    groups, group_profiles = group_deployment(seed, plan)  # `groups.py`: drawn last
     return Plan(
         seed,
         timings,
         tuple(fabrics),
-        profiles,
-        deployments,
+        profiles + group_profiles,
+        deployments + groups,
         tuple(faults),
         heal_at_ms,
         enabled,
@@ -274,7 +281,7 @@ def pace_ms(plan: Plan) -> int:
     budgets = [b for b in (t.eviction_budget, t.eviction_fabric_budget) if b > 0]
     if not budgets:
         return 0
-    replicas = sum(d.replicas for d in plan.deployments)
+    replicas = sum(members_of(d) for d in plan.deployments)
     return t.eviction_window_ms * max(0, -(-replicas // min(budgets)) - 1)
 
 
@@ -288,12 +295,14 @@ def capacity_allows(plan: Plan) -> bool:
     adversarially as their shard sizes permit, cannot use up every fabric that could hold one
     more replica of it. Conservative: when False, liveness is not asserted."""
     failed = failed_gpus(plan)
+    if not group_capacity_allows(plan, failed):
+        return False
     shards: list[int] = []  # the GPU count of every desired shard
     demanded: list[PlanProfile] = []
     for d in plan.deployments:
+        shards.extend(shards_of(plan, d))
         p = plan.profile(d.profile)
-        shards.extend([p.gpus_per_node] * (p.nodes * d.replicas))
-        if d.replicas > 0 and p not in demanded:
+        if d.replicas > 0 and not d.roles and p not in demanded:
             demanded.append(p)
     for p in demanded:
         others = list(shards)
@@ -412,10 +421,7 @@ def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
             )
     if plan.deployments:
         out += ["", "deployments:"]
-        out += [
-            f"  - {{model: {d.model}, profile: {d.profile}, replicas: {d.replicas}}}"
-            for d in plan.deployments
-        ]
+        out += [_deployment_line(d) for d in plan.deployments]
     heal = heal_faults(plan)
     if plan.faults or heal:
         out += ["", "faults:"]
@@ -426,7 +432,7 @@ def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
         out += ["", "traffic:"]
         out += [f"  - {{model: {d.model}, rate: {TRAFFIC_RATE}}}" for d in plan.deployments]
     if plan.deployments and capacity_allows(plan):
-        ready = ", ".join(f"{d.model}: {d.replicas}" for d in plan.deployments)
+        ready = ", ".join(f"{d.model}: {members_of(d)}" for d in plan.deployments)
         out += [
             "",
             "expect:",
@@ -436,6 +442,13 @@ def scenario_text(plan: Plan, name: str = "", description: str = "") -> str:
             f"    ready_replicas: {{{ready}}}",
         ]
     return "\n".join(out) + "\n"
+
+
+def _deployment_line(d: PlanDeployment) -> str:
+    if not d.roles:
+        return f"  - {{model: {d.model}, profile: {d.profile}, replicas: {d.replicas}}}"
+    roles = ", ".join(f"{n}: {{profile: {p}, count: {c}}}" for n, p, c in d.roles)
+    return f"  - {{model: {d.model}, replicas: {d.replicas}, roles: {{{roles}}}}}"
 
 
 def _quote(text: str) -> str:

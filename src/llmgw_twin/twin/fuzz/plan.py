@@ -31,6 +31,8 @@ class PlanDeployment:
     model: str
     profile: str
     replicas: int
+    roles: tuple[tuple[str, str, int], ...] = ()
+    """A role group's roles: (name, profile, count); `replicas` then counts groups."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,7 @@ def without_model(plan: Plan, model: str) -> Plan:
     deployments = tuple(d for d in plan.deployments if d.model != model)
     faults = tuple(f for f in plan.faults if f.model != model)
     used = {d.profile for d in deployments} | {f.profile for f in faults if f.profile}
+    used |= {profile for d in deployments for _, profile, _ in d.roles}
     return replace(
         plan,
         deployments=deployments,

@@ -162,8 +162,7 @@ class TrafficRouter:
     def controller_deposed(self) -> None:
         """A leader stepped down, perhaps with decisions in its memory it never published: what
         the router may still pick is what it was told was routable (its own table)."""
-        routable = {r.replica for m in self.router.models() for r in self.router.routes(m)}
-        self._ready_when_down = frozenset(routable)
+        self._ready_when_down = self.router.routed()  # (a role group's prefill replicas too)
 
     def controller_started(self, core: Controller) -> None:
         self.router.resync(snapshot_of(core.replicas()))
