@@ -31,7 +31,8 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.routing import Router, snapshot_of
+from llmgw_twin.control.routing import Router
+from llmgw_twin.control.routing_feed import snapshot_of
 from llmgw_twin.store.sqlite import Store
 
 M = model("llama")

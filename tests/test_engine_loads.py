@@ -25,7 +25,8 @@ from helpers.live import live_controller, live_server
 from helpers.services import wait_sync
 from llmgw_twin.control.autoscale import AutoscalePolicy
 from llmgw_twin.control.model import ModelName, ReplicaId, ShardReport, ShardSpec, ShardState
-from llmgw_twin.control.routing import Router, SnapshotEntry, SnapshotState
+from llmgw_twin.control.routing import Router
+from llmgw_twin.control.routing_feed import SnapshotEntry, SnapshotState
 from llmgw_twin.engines.perf.table import perf_from_arg
 from llmgw_twin.engines.registry import adapter_for
 from llmgw_twin.programs.sim_api import SimModel, create_app

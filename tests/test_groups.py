@@ -26,7 +26,8 @@ from llmgw_twin.control.model import (
     TraceEvent,
 )
 from llmgw_twin.control.replicas import ReplicaRecord
-from llmgw_twin.control.routing import NoRoute, Router, SnapshotEntry, SnapshotState
+from llmgw_twin.control.routing import NoRoute, Router
+from llmgw_twin.control.routing_feed import SnapshotEntry, SnapshotState
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario_text
 from llmgw_twin.twin.world.checks import group_orphans
 from llmgw_twin.twin.world.runner import run_scenario

@@ -20,7 +20,8 @@ from helpers.controller import Sent, controller, two_ready_replicas
 from helpers.services import FAST, eventually
 from llmgw_twin.control.model import ModelName, NodeId, ReplicaId, ReplicaState, TraceEvent
 from llmgw_twin.control.replicas import ReplicaRecord
-from llmgw_twin.control.routing import Router, SnapshotEntry, SnapshotState, snapshot_of
+from llmgw_twin.control.routing import Router
+from llmgw_twin.control.routing_feed import SnapshotEntry, SnapshotState, snapshot_of
 from llmgw_twin.service.common.auth import new_token, token_hash
 from llmgw_twin.service.common.config import ConfigError
 from llmgw_twin.service.common.feed import FeedPageW, RoutingFeed, snapshot_wire

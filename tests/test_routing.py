@@ -13,14 +13,8 @@ from llmgw_twin.control.model import (
     ShardState,
     TraceEvent,
 )
-from llmgw_twin.control.routing import (
-    Ejection,
-    NoRoute,
-    Route,
-    Router,
-    SnapshotEntry,
-    SnapshotState,
-)
+from llmgw_twin.control.routing import Ejection, NoRoute, Route, Router
+from llmgw_twin.control.routing_feed import SnapshotEntry, SnapshotState
 
 M = ModelName("m")
 R1, R2, R3 = ReplicaId("m-r1"), ReplicaId("m-r2"), ReplicaId("m-r3")

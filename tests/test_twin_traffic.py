@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from llmgw_twin.control.model import ModelName, TraceEvent
-from llmgw_twin.control.routing import LEAVES, Router
+from llmgw_twin.control.routing import Router
+from llmgw_twin.control.routing_feed import LEAVES
 from llmgw_twin.twin.report.text import to_json
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario, load_scenario_text
 from llmgw_twin.twin.scenario.model import RequestsExpectation, Scenario, Traffic

@@ -1,9 +1,10 @@
 """Which ready replica serves a request: the routing core, shared by every router.
 
 The router keeps its own table of routable replicas per model, fed by the controller's event
-stream alone, the way a router process beside the controller follows it: an event of `JOINS`
-with a leader `endpoint` adds the replica (`replica.ready`, `replica.adopted` of a serving
-replica, `replica.recovered`, `replica.routable`); one of `LEAVES` removes it (`replica.failed`,
+stream alone, the way a router process beside the controller follows it (the kinds and the
+snapshot: `routing_feed.py`): an event of `JOINS` with a leader `endpoint` adds the replica
+(`replica.ready`, `replica.adopted` of a serving replica, `replica.recovered`,
+`replica.routable`); one of `LEAVES` removes it (`replica.failed`,
 `replica.reaped`, `replica.degraded`, `replica.unroutable`), and so does a join that carries no
 endpoint or says `ready: false` (a replica adopted while not serving, one recovered while a node
 of it is suspect): the controller has just said it is not routable. The controller emits those
@@ -30,6 +31,11 @@ replica whose requests fail `Ejection.failures` times in a row leaves the pick f
 that doubles at each ejection in a row (up to `max_ms`); back from one, its first failure ejects
 it again; a success clears its record. The caller tells the outcome of every pick (`finished`).
 
+A role group's model (`control/groups.py`) is picked in two: its decode replicas are the model's
+own table, each group's prefill replicas a table of their own; a pick takes the decode replica
+as above among those whose group has a prefill replica to take the request, and that group's
+prefill replica by the same key (`Route.prefill`), each counted and told `finished` on its own.
+
 Pure: times are integer milliseconds handed in by the shell.
 """
 
@@ -41,13 +47,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from llmgw_twin.control.model import ModelName, ReplicaId, ReplicaState, TraceEvent
-from llmgw_twin.control.replicas import ReplicaRecord
-
-JOINS = frozenset({"replica.ready", "replica.adopted", "replica.recovered", "replica.routable"})
-LEAVES = frozenset({"replica.failed", "replica.reaped", "replica.degraded", "replica.unroutable"})
-FEED_KINDS = JOINS | LEAVES
-"""The event kinds a router needs from the controller's stream."""
+from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
+from llmgw_twin.control.routing_feed import FEED_KINDS, JOINS, SnapshotEntry, SnapshotState
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,41 +92,6 @@ class RouterTimeouts:
     def __post_init__(self) -> None:
         if min(self.connect_ms, self.first_byte_ms, self.between_chunks_ms) < 1:
             raise ValueError("router timeouts must be at least 1 ms")
-
-
-class SnapshotState(StrEnum):
-    READY = "ready"  # routable now, at `endpoint`
-    ADOPTING = "adopting"  # restored by a new controller, not yet judged
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotEntry:
-    """One replica in a controller's routing snapshot."""
-
-    model: ModelName
-    replica: ReplicaId
-    state: SnapshotState
-    endpoint: str | None = None
-    group: str = ""
-    role: str = ""
-
-
-def snapshot_of(records: Iterable[ReplicaRecord]) -> tuple[SnapshotEntry, ...]:
-    """What a controller tells a router that (re)joins its stream: its routable replicas, and
-    the ones it restored and has not judged yet while none of their nodes is silent. Every other
-    replica is out of routing."""
-    out = []
-    for rec in records:
-        if rec.state is ReplicaState.READY and rec.routed_endpoint is not None:
-            state = SnapshotState.READY
-            out.append(
-                SnapshotEntry(rec.model, rec.id, state, rec.routed_endpoint, rec.group, rec.role)
-            )
-        elif rec.state is ReplicaState.ADOPTING and not rec.unroutable:
-            state = SnapshotState.ADOPTING
-            out.append(SnapshotEntry(rec.model, rec.id, state, rec.endpoint, rec.group, rec.role))
-    out.sort(key=lambda e: e.replica)
-    return tuple(out)
 
 
 class NoRoute(StrEnum):

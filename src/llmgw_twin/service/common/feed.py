@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
-from llmgw_twin.control.routing import FEED_KINDS, SnapshotEntry, SnapshotState
+from llmgw_twin.control.routing_feed import FEED_KINDS, SnapshotEntry, SnapshotState
 
 FEED_KEPT = 10_000
 """The feed keeps at least this many recent routing events (at most twice as many); a router

@@ -15,7 +15,8 @@ from fastapi.responses import Response
 
 from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.model import NodeId, TraceEvent
-from llmgw_twin.control.routing import Router, snapshot_of
+from llmgw_twin.control.routing import Router
+from llmgw_twin.control.routing_feed import snapshot_of
 from llmgw_twin.service.common.auth import ControllerKeys
 from llmgw_twin.service.common.feed import RoutingFeed
 from llmgw_twin.service.common.views import fleet_state, model_list

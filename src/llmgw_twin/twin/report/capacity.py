@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmgw_twin.control.model import TraceEvent
-from llmgw_twin.control.routing import JOINS, LEAVES
+from llmgw_twin.control.routing_feed import JOINS, LEAVES
 from llmgw_twin.twin.scenario.model import DeleteDeployment, Scenario, SetReplicas
 
 Series = list[tuple[int, int]]

@@ -38,7 +38,8 @@ from fractions import Fraction
 
 from llmgw_twin.control.controller import Controller
 from llmgw_twin.control.model import ModelName, ProfileName, ReplicaId, ReplicaState, ShardKey
-from llmgw_twin.control.routing import Route, Router, RouterTimeouts, snapshot_of
+from llmgw_twin.control.routing import Route, Router, RouterTimeouts
+from llmgw_twin.control.routing_feed import snapshot_of
 from llmgw_twin.engines.perf.model import Served
 from llmgw_twin.twin.scenario.arrivals import Arrival, arrivals
 from llmgw_twin.twin.scenario.model import Scenario, Traffic
