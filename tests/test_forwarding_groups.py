@@ -169,6 +169,45 @@ def test_a_prefill_replica_that_fails_is_judged_and_the_decode_pick_freed() -> N
     assert ReplicaId("chat-r1") in router.ejected(now_ms=0) or router.ejections == 1
 
 
+def test_a_retry_after_a_prefill_failure_takes_another_prefill_replica() -> None:
+    router = group_router()
+    router.follow(
+        TraceEvent.of(
+            0,
+            "replica.ready",
+            model="chat",
+            replica="chat-r3",
+            endpoint="http://chat-r3:8000",
+            group="chat-g1",
+            role="prefill",
+        )
+    )
+    sent: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        sent.append(req.url.host)
+        if req.url.host == "chat-r1":
+            raise httpx.ConnectError("refused", request=req)
+        content = httpx.ByteStream(json.dumps(answer("ok")).encode())
+        return httpx.Response(200, stream=content, headers={"content-type": "application/json"})
+
+    async def go() -> httpx.Response:
+        fwd = Forwarder(router, transport=httpx.MockTransport(handler))
+        fwd.open()
+        try:
+            out = await fwd.forward(
+                Body({"model": "chat", "prompt": "hi"}), "/v1/completions", lambda: {"chat"}
+            )
+            return httpx.Response(out.status_code, headers=dict(out.headers))
+        finally:
+            await fwd.aclose()
+
+    got = asyncio.run(go())
+    assert got.status_code == 200 and got.headers[REPLICA_HEADER] == "chat-r2"
+    assert sent == ["chat-r1", "chat-r3", "chat-r2"]  # the failed prefill, another, then decode
+    assert all(router.outstanding(ReplicaId(r)) == 0 for r in ("chat-r1", "chat-r2", "chat-r3"))
+
+
 def test_through_the_router_service_the_prefill_engine_answers_first() -> None:
     """Real sim engines on loopback behind the router service: a role group's request is
     answered by its decode engine, and it waits on the prefill engine first (frozen, the

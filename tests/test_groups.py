@@ -333,3 +333,15 @@ def test_an_autoscaled_count_keeps_the_roles() -> None:
         (Role("prefill", ProfileName("p")), Role("decode", ProfileName("d"), 2)),
     )
     assert replace(dep, replicas=3).roles == dep.roles
+
+
+def test_a_retry_that_excludes_a_prefill_replica_takes_another() -> None:
+    router = Router(outstanding_limit=4)
+    join(router, "p1", "g1", "prefill")
+    join(router, "p2", "g1", "prefill")
+    join(router, "d1", "g1", "decode")
+    first = router.pick(CHAT)
+    assert first is not None and first.prefill is not None and first.prefill.replica == "p1"
+    again = router.pick(CHAT, exclude=[ReplicaId("p1")])
+    assert again is not None and again.prefill is not None and again.prefill.replica == "p2"
+    assert router.pick(CHAT, exclude=[ReplicaId("p1"), ReplicaId("p2")]) is None

@@ -266,35 +266,37 @@ class Router:
         """The replica for the next request to `model`, counted as in flight until `finished`;
         None when none may take it (`why_none` says why). For a role group's model: its decode
         replica, with `prefill` a prefill replica of the same group (one whose group has no
-        prefill replica to take it is passed over); both are counted."""
+        prefill replica to take it is passed over); both are counted. `exclude` may name
+        replicas of either role (a retry avoids the prefill replica that failed it too)."""
         table = self._models.get(model)
         if table is None or not table.order:
             return None
+        skip = set(exclude)
         partner = None
         if model in self._grouped:
 
             def partner(rid: ReplicaId) -> bool:
-                return self._prefill_of(model, rid, now_ms) is not None
+                return self._prefill_of(model, rid, now_ms, skip) is not None
 
-        key = self._top(table, now_ms, set(exclude), partner)
+        key = self._top(table, now_ms, skip, partner)
         if key is None:
             return None
         route = self._take(table, key[2])
         if partner is not None:
-            found = self._prefill_of(model, route.replica, now_ms)
+            found = self._prefill_of(model, route.replica, now_ms, skip)
             assert found is not None
             prefill = self._take(found[0], found[1][2])
             route = Route(route.replica, route.endpoint, prefill)
         return route
 
     def _prefill_of(
-        self, model: ModelName, rid: ReplicaId, now_ms: int
+        self, model: ModelName, rid: ReplicaId, now_ms: int, skip: set[ReplicaId]
     ) -> tuple[_Model, Key] | None:
         """The prefill table of `rid`'s group and the key it would pick, if any."""
         table = self._models.get(_prefill_key(model, self._group_of.get(rid, "")))
         if table is None or not table.order:
             return None
-        key = self._top(table, now_ms, set(), None)
+        key = self._top(table, now_ms, skip, None)
         return None if key is None else (table, key)
 
     def _top(

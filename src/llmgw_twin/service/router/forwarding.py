@@ -242,9 +242,10 @@ class Forwarder:
             )
         watch.model = model  # a deployed model's name: a bounded label
         tried: list[ReplicaId] = []
+        failed: list[ReplicaId] = []  # the replicas that failed a try (a prefill one, say)
         failure: tuple[ReplicaId, _Failed] | None = None
         while len(tried) < MAX_ATTEMPTS:
-            route = self.router.pick(model, self._clock(), exclude=tried)
+            route = self.router.pick(model, self._clock(), exclude=failed)
             if route is None and not tried and self._holds(model):
                 if self.holds.full(model):
                     return self.holds.refuse(model, full=True)
@@ -275,13 +276,14 @@ class Forwarder:
                 self.failed += 1
                 log.warning("replica %s at %s failed: %s", hop.replica, hop.endpoint, e)
                 failure = (hop.replica, e)
+                failed.append(hop.replica)
                 continue
             return tag(answer, route.replica, len(tried) > 1)
         if failure is None:
             return self._no_route(model)
-        replica, failed = failure
-        message = f"replica {replica} failed: {failed}"
-        reply = openai_error(failed.status, message, "server_error", failed.code)
+        replica, why = failure
+        message = f"replica {replica} failed: {why}"
+        reply = openai_error(why.status, message, "server_error", why.code)
         return tag(reply, replica, len(tried) > 1)
 
     def _holds(self, model: ModelName) -> bool:
