@@ -31,11 +31,10 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from llmgw_twin.control.model import NodeId, Timings
+from llmgw_twin.control.model import NodeId
+from llmgw_twin.realmode.configs import AgentWiring, agent_config, controller_config
 from llmgw_twin.realmode.controllers import RealControllers, controller_names, store_faults
 from llmgw_twin.realmode.fabric import RealFabrics
-from llmgw_twin.realmode.late import delays, late_path
-from llmgw_twin.realmode.pace import pace_path, slows
 from llmgw_twin.realmode.pgstore import RealPostgres
 from llmgw_twin.realmode.ports import lease_ports
 from llmgw_twin.realmode.procs import alive_after as _alive_after
@@ -46,7 +45,6 @@ from llmgw_twin.realmode.proxy import CuttableProxy
 from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, fail_gpu, write_sysfs_root
 from llmgw_twin.service.common.auth import CredentialFile, new_token, token_hash
 from llmgw_twin.twin.scenario.model import Scenario
-from llmgw_twin.units import fmt_duration, setting_keys
 
 STARTUP_DEADLINE_S = 30.0
 STOP_GRACE_S = 10.0
@@ -57,10 +55,6 @@ def node_address(run_slot: int, index: int) -> str:
     if not 0 <= index < 254:
         raise ValueError("real mode runs at most 254 nodes on one machine")
     return f"127.{10 + run_slot // 250 % 200}.{run_slot % 250}.{index + 1}"
-
-
-def _duration(ms: int) -> str:
-    return fmt_duration(ms) if ms else "0"
 
 
 @dataclass
@@ -167,42 +161,13 @@ class RealCluster:
     # --- configuration -----------------------------------------------------------------------
 
     def write_controller_config(self) -> Path:
-        sc = self.scenario
-        t = sc.timings
-        config: dict[str, Any] = {
-            "listen": {"host": "127.0.0.1", "port": self.controller_port},
-            "store": str(self.workdir / "controller.db"),
-            # every setting of the scenario, in the controller config's own spelling
-            "timings": {
-                k.key: _duration(getattr(t, k.attr)) if k.kind == "duration" else getattr(t, k.attr)
-                for k in setting_keys(Timings)
-            },
-            "profiles": {
-                p.name: {
-                    "engine": p.engine,
-                    "nodes": p.nodes,
-                    "gpus_per_node": p.gpus_per_node,
-                    "model": p.model,
-                    "load_time": _duration(p.load_time_ms),
-                    "args": list(p.args),
-                }
-                | ({"start_timeout": _duration(p.start_timeout_ms)} if p.start_timeout_ms else {})
-                | (
-                    {"nvlink": p.topology.nvlink, "leaves": p.topology.leaves}
-                    if p.topology.constrained
-                    else {}
-                )
-                for p in sc.profiles
-            },
-            # no deployments: the run applies them once every agent has registered
-            "auth": {
-                "admin_tokens": [token_hash(self._admin_token)],
-                "router_tokens": [token_hash(self._router_token)],
-                # one key for every controller of the run: a successor derives the same
-                # controller tokens (a PostgreSQL store has no file to put it beside)
-                "secret_file": str(self.workdir / "controller.key"),
-            },
-        }
+        config = controller_config(
+            self.scenario,
+            self.controller_port,
+            self.workdir,
+            token_hash(self._admin_token),
+            token_hash(self._router_token),
+        )
         path = self.workdir / "controller.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=True))
         if self.multi is not None:
@@ -237,44 +202,24 @@ class RealCluster:
             for proxy in others:
                 await proxy.start()
             engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
-            config: dict[str, object] = {
-                "node": info.node,
-                "controller": f"http://127.0.0.1:{to_controller.port}",
-                "controllers": [f"http://127.0.0.1:{p.port}" for p in others],
-                "listen": {"host": "127.0.0.1", "port": agent_port},
-                "advertise_url": f"http://127.0.0.1:{to_agent.port}",
-                "root": str(root),
-                "fabric": info.fabric,
-                "use_nvml": False,
-                "gpu_memory": f"{info.gpu_memory_mib}MiB",
-                "engines": engines,
-                "ports": {"first": first, "last": last},
-                "heartbeat_interval": _duration(self.scenario.timings.heartbeat_interval_ms),
-                "probe_interval": _duration(self.scenario.timings.probe_interval_ms),
-                "engine_host": addresses[info.node],
-                "peer_addresses": self.fabrics.peer_addresses(info.node),
-                "stop_grace": "2s",
-                # a stalled controller holds a report until this: half a heartbeat, as the
-                # default is, on the scaled clock
-                "report_timeout": _duration(
-                    max(500, self.scenario.timings.heartbeat_interval_ms // 2)
+            config = agent_config(
+                self.scenario,
+                info,
+                AgentWiring(
+                    controller=f"http://127.0.0.1:{to_controller.port}",
+                    controllers=[f"http://127.0.0.1:{p.port}" for p in others],
+                    port=agent_port,
+                    advertise=f"http://127.0.0.1:{to_agent.port}",
+                    ports=(first, last),
+                    address=addresses[info.node],
+                    peers=self.fabrics.peer_addresses(info.node),
                 ),
-                "worker_settle": "200ms",
-                "log_dir": str(self.workdir / "logs" / info.node),
-                "policy": {"model_dirs": models},
-                "credential": str(self._credential_path(info.node)),
-            }
-            if slows(self.scenario):
-                config["sim_pace_file"] = str(pace_path(root))
-            if delays(self.scenario):
-                config["late_heartbeats_file"] = str(late_path(root))
-            if info.topology is not None:  # a fake root tells none: the config names it
-                place = {
-                    "leaf": info.topology.leaf,
-                    "spine": info.topology.spine,
-                    "nvlink_domain": info.topology.nvlink_domain,
-                }
-                config["topology"] = {k: v for k, v in place.items() if v is not None}
+                root,
+                self.workdir,
+                self._credential_path(info.node),
+                engines,
+                models,
+            )
             path = self.workdir / f"agent-{info.node}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=True))
             self.nodes[info.node] = NodeProcs(
