@@ -357,3 +357,15 @@ def test_a_reboot_and_an_agent_restart_are_told_apart(tmp_path: Path) -> None:
     assert _decided(list(replayed.trace), 0) == _decided(
         [TraceEvent(ev.t_ms - 30_000, ev.kind, ev.subjects) for ev in logged.trace], 0
     )
+
+
+def test_a_fleet_with_role_groups_is_refused_with_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, logged = _logged("role-group-decode-lost")
+    out = tmp_path / "replay.yaml"
+    assert _replay([str(_report(tmp_path, logged)), "--fleet", str(path), "-o", str(out)]) == 2
+    assert "deploys chat in role groups, which replay does not reproduce yet" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()
