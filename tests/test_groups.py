@@ -345,3 +345,44 @@ def test_a_retry_that_excludes_a_prefill_replica_takes_another() -> None:
     again = router.pick(CHAT, exclude=[ReplicaId("p1")])
     assert again is not None and again.prefill is not None and again.prefill.replica == "p2"
     assert router.pick(CHAT, exclude=[ReplicaId("p1"), ReplicaId("p2")]) is None
+
+
+INITIAL = """initial:
+  replicas:
+    - {{id: chat-r1, model: chat, profile: pre, state: ready, {member}
+       shards: [{{rank: 0, node: n1, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}}]}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("member", "message"),
+    [
+        ("role: prefill,", "missing required key 'group'"),
+        ("group: chat-g1,", "missing required key 'role'"),
+        ("group: other-g1, role: prefill,", "is not 'chat-gN'"),
+        ("group: chat-g1, role: encode,", "role"),
+        ("group: chat-g2, role: prefill,", "numbered after this replica"),
+    ],
+)
+def test_the_initial_section_takes_a_members_group_and_role_both_or_neither(
+    member: str, message: str
+) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario_text(scenario() + INITIAL.format(member=member))
+
+
+def test_an_initial_group_is_adopted_as_it_is() -> None:
+    text = scenario(fabrics="    ib-a: [n1, n2, n3]", groups=1, decodes=1) + INITIAL.format(
+        member="group: chat-g1, role: prefill,"
+    ).replace(
+        "]}\n",
+        "]}\n    - {id: chat-r2, model: chat, profile: dec, state: ready, group: chat-g1,"
+        " role: decode,\n       shards: [{rank: 0, node: n2, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}]}\n",
+    )
+    result = run_scenario(load_scenario_text(text))
+    adopted = [e for e in result.trace if e.kind == "replica.adopted"]
+    assert sorted((str(e.get("role")), e.get("group")) for e in adopted) == [
+        ("decode", "chat-g1"),
+        ("prefill", "chat-g1"),
+    ]
+    assert [e for e in result.trace if e.kind == "replica.placed"] == []

@@ -193,7 +193,7 @@ class _Replicas:
         self.ids[rid] = yn.line_of(id_node)
         profile = _profile(v.require("profile"), f"{where}.profile", self.profile_of)
         state = yn.choice(v.require("state"), f"{where}.state", REPLICA_STATES, "replica state")
-        group, role = self._member(v, where, model)
+        group, role = self._member(v, where, model, int(match["seq"]))
         shards_node = v.get("shards")
         shards = [] if shards_node is None else yn.items(shards_node, f"{where}.shards")
         if state == "pending":
@@ -235,14 +235,23 @@ class _Replicas:
             role,
         )
 
-    def _member(self, v: yn.MapView, where: str, model: str) -> tuple[str, str]:
-        """A role group's member: its `group` and `role`, both or neither (docs/topology.md)."""
+    def _member(self, v: yn.MapView, where: str, model: str, seq: int) -> tuple[str, str]:
+        """A role group's member: its `group` and `role`, both or neither (docs/topology.md).
+        A group is named after its first member (`MODEL-gN`, N that member's number), so N is
+        at most the member's own: a group the controller makes later cannot take the name."""
         if not (v.has("group") or v.has("role")):
             return "", ""
         group = yn.text(v.require("group"), f"{where}.group")
-        if not group.startswith(f"{model}-g") or not group[len(model) + 2 :].isdigit():
+        number = group[len(model) + 2 :]
+        if not group.startswith(f"{model}-g") or not number.isdigit():
             raise yn.Invalid.at(
                 v.entry("group").value, f"{where}.group: '{group}' is not '{model}-gN'"
+            )
+        if int(number) > seq:
+            raise yn.Invalid.at(
+                v.entry("group").value,
+                f"{where}.group: '{group}' is numbered after this replica ({seq}): a group "
+                "takes its first member's number",
             )
         role = yn.choice(v.require("role"), f"{where}.role", ROLE_NAMES, "role")
         return group, role
