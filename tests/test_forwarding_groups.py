@@ -106,6 +106,7 @@ def test_the_prompt_goes_to_prefill_for_one_token_then_to_decode_which_answers()
     assert got.json()["choices"][0]["message"]["content"] == "the whole answer"
     (first,) = sent["chat-r1"]
     assert first["max_tokens"] == 1 and first["stream"] is False and "stream_options" not in first
+    assert first["kv_transfer_params"]["do_remote_decode"] is True  # vLLM's NIXL request
     (second,) = sent["chat-r2"]
     assert second["max_tokens"] == 50 and second["kv_transfer_params"] == handed
     assert second["messages"] == request["messages"]

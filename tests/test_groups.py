@@ -26,7 +26,7 @@ from llmgw_twin.control.model import (
     TraceEvent,
 )
 from llmgw_twin.control.replicas import ReplicaRecord
-from llmgw_twin.control.routing import NoRoute, Router
+from llmgw_twin.control.routing import Ejection, NoRoute, Router
 from llmgw_twin.control.routing_feed import SnapshotEntry, SnapshotState
 from llmgw_twin.twin.scenario.loader import ScenarioError, load_scenario_text
 from llmgw_twin.twin.world.checks import group_orphans
@@ -115,7 +115,7 @@ def test_a_deployment_names_a_profile_or_roles_not_both() -> None:
 def test_the_core_refuses_a_group_without_both_roles() -> None:
     with pytest.raises(ValueError, match="prefill, decode"):
         Deployment(ModelName("m"), ProfileName("p"), 1, (Role("prefill", ProfileName("p")),))
-    with pytest.raises(ValueError, match="first role's"):
+    with pytest.raises(ValueError, match="prefill role's"):
         Deployment(
             ModelName("m"),
             ProfileName("q"),
@@ -362,6 +362,8 @@ INITIAL = """initial:
         ("group: other-g1, role: prefill,", "is not 'chat-gN'"),
         ("group: chat-g1, role: encode,", "role"),
         ("group: chat-g2, role: prefill,", "numbered after this replica"),
+        ("", "names its group and role"),
+        ("group: chat-g1, role: decode,", "a decode replica of 'chat' runs its role's profile dec"),
     ],
 )
 def test_the_initial_section_takes_a_members_group_and_role_both_or_neither(
@@ -386,3 +388,55 @@ def test_an_initial_group_is_adopted_as_it_is() -> None:
         ("prefill", "chat-g1"),
     ]
     assert [e for e in result.trace if e.kind == "replica.placed"] == []
+
+
+def test_a_model_deployed_anew_without_roles_routes_plainly_again() -> None:
+    router = Router(outstanding_limit=4)
+    join(router, "chat-r1", "chat-g1", "prefill")
+    join(router, "chat-r2", "chat-g1", "decode")
+    leave(router, "chat-r1")
+    leave(router, "chat-r2")  # the deployment deleted, then deployed as a plain one
+    router.follow(
+        TraceEvent.of(0, "replica.ready", model="chat", replica="chat-r3", endpoint="http://x")
+    )
+    route = router.pick(CHAT)
+    assert route is not None and route.replica == "chat-r3" and route.prefill is None
+
+
+def test_why_none_says_ejected_when_every_prefill_replica_is() -> None:
+    router = Router(ejection=Ejection(failures=1), outstanding_limit=4)
+    join(router, "p1", "g1", "prefill")
+    join(router, "d1", "g1", "decode")
+    route = router.pick(CHAT, now_ms=0)
+    assert route is not None and route.prefill is not None
+    router.finished(route.replica, True, 0)
+    assert router.finished(route.prefill.replica, False, 0)  # ejected
+    assert router.pick(CHAT, now_ms=1) is None
+    assert router.why_none(CHAT, now_ms=1) is NoRoute.EJECTED
+
+
+def test_a_deployment_of_roles_is_not_autoscaled_yet() -> None:
+    text = scenario().replace(
+        "    replicas: 1\n",
+        "    replicas: 1\n    autoscale: {min: 1, max: 3, signal: outstanding, target: 4}\n",
+    )
+    with pytest.raises(ScenarioError, match="a deployment of roles is not autoscaled yet"):
+        load_scenario_text(text)
+
+
+def test_an_initial_member_of_a_plain_deployment_or_across_fabrics_is_refused() -> None:
+    plain = scenario().replace(
+        "deployments:\n", "deployments:\n  - {model: solo, profile: plain, replicas: 1}\n"
+    )
+    tagged = INITIAL.format(member="group: solo-g1, role: decode,").replace(
+        "chat-r1, model: chat, profile: pre", "solo-r1, model: solo, profile: plain"
+    )
+    with pytest.raises(ScenarioError, match="'solo' is not deployed in roles"):
+        load_scenario_text(plain + tagged)
+    two = INITIAL.format(member="group: chat-g1, role: prefill,").replace(
+        "]}\n",
+        "]}\n    - {id: chat-r2, model: chat, profile: dec, state: ready, group: chat-g1,"
+        " role: decode,\n       shards: [{rank: 0, node: n4, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}]}\n",
+    )
+    with pytest.raises(ScenarioError, match="a group is in one fabric"):
+        load_scenario_text(scenario() + two)

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from helpers.fake_fleet import running_fleet
 from helpers.services import FAST, node_info, wait_sync
@@ -22,7 +23,8 @@ from llmgw_twin.cli import main
 from llmgw_twin.control.model import ProfileName, Role
 from llmgw_twin.control.protocol import NodeRegistered
 from llmgw_twin.service.common.config import ConfigError
-from llmgw_twin.service.common.wire import NodeRegisteredW
+from llmgw_twin.service.common.limits import MAX_REPLICAS
+from llmgw_twin.service.common.wire import DeploymentW, NodeRegisteredW
 from llmgw_twin.service.controller.app import ControllerRuntime
 from llmgw_twin.service.controller.config import ControllerSettings, load_controller_config
 from llmgw_twin.service.controller.routes import create_controller_app
@@ -95,9 +97,14 @@ def test_a_deployment_of_roles_is_placed_whole_kept_across_a_restart_and_not_res
         ]
         assert f"prefill of role group {found[0]['group']}: " in render_explain(explained)
 
-        # the roles cannot change in place; the count of a role can
-        swapped = {"profile": "dec", "replicas": 1, "roles": [ROLES[1] | {"count": 1}, ROLES[0]]}
-        r = await client.put("/v1/admin/deployments/chat", json=swapped)
+        # the roles cannot change in place; the count of a role can (roles in any order)
+        fewer = {"profile": "pre", "replicas": 1, "roles": [ROLES[1] | {"count": 1}, ROLES[0]]}
+        r = await client.put("/v1/admin/deployments/chat", json=fewer)
+        assert r.status_code == 200, r.text
+        swapped = [{"name": "prefill", "profile": "dec"}, {"name": "decode", "profile": "pre"}]
+        r = await client.put(
+            "/v1/admin/deployments/chat", json={"profile": "dec", "replicas": 1, "roles": swapped}
+        )
         assert r.status_code == 422 and "cannot change in place" in r.text, r.text
         bad = {"profile": "pre", "replicas": 1, "roles": ROLES[:1]}
         assert (await client.put("/v1/admin/deployments/chat", json=bad)).status_code == 422
@@ -107,7 +114,7 @@ def test_a_deployment_of_roles_is_placed_whole_kept_across_a_restart_and_not_res
         (chat,) = [d for d in state["deployments"] if d["model"] == "chat"]
         assert chat["roles"] == [
             {"name": "prefill", "profile": "pre", "count": 1},
-            {"name": "decode", "profile": "dec", "count": 2},
+            {"name": "decode", "profile": "dec", "count": 1},
         ]
 
     asyncio.run(with_controller(db, first))
@@ -196,3 +203,12 @@ def test_a_snapshot_of_a_fleet_with_a_role_group_starts_the_twin_with_the_group_
     adopted = [e for e in result.trace if e.kind == "replica.adopted"]
     assert sorted(str(e.get("role")) for e in adopted) == ["decode", "decode", "prefill"]
     assert {e.get("group") for e in adopted} == {members[0]["group"]}
+
+
+def test_the_api_bounds_a_deployment_of_roles_by_its_replicas_not_its_groups() -> None:
+    body = {"profile": "pre", "replicas": MAX_REPLICAS // 3, "roles": ROLES}  # 3 a group
+    assert DeploymentW.model_validate(body).to_core("chat").replicas == MAX_REPLICAS // 3
+    with pytest.raises(ValidationError, match="more than the"):
+        DeploymentW.model_validate(body | {"replicas": MAX_REPLICAS // 3 + 1})
+    with pytest.raises(ValidationError, match="prefill role's profile"):
+        DeploymentW.model_validate(body | {"profile": "dec"})

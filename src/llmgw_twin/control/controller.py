@@ -264,7 +264,7 @@ class Controller(ControllerViews):
             self._autoscaler.observe(sample, now_ms)
         for sample in samples:
             dep = self._deployments.get(sample.model)
-            if dep is None:
+            if dep is None or dep.roles:  # (a group's load is per decode, its count per group)
                 continue
             moving = any(self._moves.moving(r.id) for r in self._replicas.live(dep.model))
             decision = self._autoscaler.decide(dep.model, dep.replicas, now_ms, sample.held, moving)

@@ -19,8 +19,10 @@ kept in each replica's row, so a restarted controller finds its groups again); i
   reaped, and the deployment's next group is placed whole where it fits.
 - Scaling removes whole groups: the ones not serving first, then the newest.
 
-Invariant (the twin checks it after every step): each group holds nothing (every member
-pending) or has a placed member of every role, all of them in one fabric.
+Invariant, after every placement: each group holds nothing (every member pending) or has a
+placed member of every role, all of them in one fabric. Between a member's failure and the next
+reconcile a group may hold members without a role for one reconcile interval; the twin checks
+the invariant at the end of every run (`no_orphans`).
 """
 
 from __future__ import annotations

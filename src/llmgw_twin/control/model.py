@@ -313,7 +313,8 @@ class Deployment:
     """Desired state: `replicas` whole replicas of `model`, each laid out by `profile`.
 
     With `roles` (`control/groups.py`), each of the `replicas` is a role group: every role's
-    `count` replicas of its own profile, all in one fabric; `profile` is then the first role's."""
+    `count` replicas of its own profile, all in one fabric; `profile` is then the prefill role's.
+    Roles are kept in `ROLE_NAMES` order, however they were given."""
 
     model: ModelName
     profile: ProfileName
@@ -321,6 +322,9 @@ class Deployment:
     roles: tuple[Role, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.roles:  # one order, so two deployments of the same roles compare equal
+            ordered = tuple(sorted(self.roles, key=lambda r: ROLE_NAMES.index(r.name)))
+            object.__setattr__(self, "roles", ordered)
         names = [r.name for r in self.roles]
         if len(set(names)) != len(names):
             raise ValueError(f"deployment {self.model}: a role is named twice")
@@ -329,7 +333,7 @@ class Deployment:
                 f"deployment {self.model}: a role group needs the roles {', '.join(ROLE_NAMES)}"
             )
         if self.roles and self.profile != self.roles[0].profile:
-            raise ValueError(f"deployment {self.model}: profile must be the first role's")
+            raise ValueError(f"deployment {self.model}: profile must be the prefill role's")
 
     def role(self, name: str) -> Role | None:
         return next((r for r in self.roles if r.name == name), None)

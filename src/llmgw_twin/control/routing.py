@@ -140,10 +140,11 @@ class Router:
         replicas under `_prefill_key`."""
         self._model_of: dict[ReplicaId, ModelName] = {}
         """Each routed replica's table."""
-        self._group_of: dict[ReplicaId, str] = {}
-        """Each routed decode replica's role group."""
-        self._grouped: set[ModelName] = set()
-        """Models whose routes are role groups: picked as prefill then decode."""
+        self._group_of: dict[ReplicaId, tuple[ModelName, str]] = {}
+        """Each routed member of a role group: its model and group."""
+        self._grouped: dict[ModelName, int] = {}
+        """Models whose routes are role groups (picked as prefill then decode), with how many
+        members are routed: a model deployed anew without roles routes plainly again."""
         self._health: dict[ReplicaId, _Health] = {}
         self._picks = 0
         self.ejections = 0
@@ -162,8 +163,9 @@ class Router:
         rid = ReplicaId(replica)
         if event.kind in JOINS and isinstance(endpoint, str) and event.get("ready") is not False:
             group, role = event.get("group"), event.get("role")
-            if isinstance(group, str) and isinstance(role, str):
-                self._join(self._table_key(ModelName(model), group, role), rid, endpoint, group)
+            if isinstance(group, str) and isinstance(role, str) and group:
+                member = (ModelName(model), group)
+                self._join(_table_key(ModelName(model), group, role), rid, endpoint, member)
             else:
                 self._join(ModelName(model), rid, endpoint)
         else:  # a leave, or a join that says it is not routable (adopted not ready, say)
@@ -172,31 +174,33 @@ class Router:
     def resync(self, snapshot: Iterable[SnapshotEntry]) -> None:
         """Take a (new) controller's snapshot: ready replicas join, adopting ones keep the entry
         this router had, and every other replica leaves."""
-        keep: dict[ReplicaId, tuple[ModelName, str, str]] = {}
+        keep: dict[ReplicaId, tuple[ModelName, str, tuple[ModelName, str] | None]] = {}
         for entry in snapshot:
             if entry.state is SnapshotState.READY and entry.endpoint is not None:
-                key = self._table_key(entry.model, entry.group, entry.role)
-                keep[entry.replica] = (key, entry.endpoint, entry.group)
+                key = _table_key(entry.model, entry.group, entry.role)
+                member = (entry.model, entry.group) if entry.group else None
+                keep[entry.replica] = (key, entry.endpoint, member)
             elif entry.state is SnapshotState.ADOPTING:
                 had = self._model_of.get(entry.replica)
                 if had is not None:
                     endpoint = self._models[had].endpoints[entry.replica]
-                    keep[entry.replica] = (had, endpoint, self._group_of.get(entry.replica, ""))
-        for rid in [r for r in self._model_of if r not in keep]:
+                    keep[entry.replica] = (had, endpoint, self._group_of.get(entry.replica))
+        for rid in [r for r in self._model_of if r not in keep or keep[r][0] != self._model_of[r]]:
             self._leave(rid)
-        for rid, (model, endpoint, group) in sorted(keep.items()):
-            self._join(model, rid, endpoint, group)
+        for rid, (model, endpoint, member) in sorted(keep.items()):
+            self._join(model, rid, endpoint, member)
 
-    def _table_key(self, model: ModelName, group: str, role: str) -> ModelName:
-        """The table a replica is routed from: its model's, or its group's prefill table."""
-        if not group:
-            return model
-        self._grouped.add(model)
-        return _prefill_key(model, group) if role == "prefill" else model
-
-    def _join(self, model: ModelName, rid: ReplicaId, endpoint: str, group: str = "") -> None:
-        if group:
-            self._group_of[rid] = group
+    def _join(
+        self,
+        model: ModelName,
+        rid: ReplicaId,
+        endpoint: str,
+        member: tuple[ModelName, str] | None = None,
+    ) -> None:
+        """`rid` joins table `model`; `member`: the role group's model and group it is of."""
+        if member is not None and rid not in self._group_of:
+            self._group_of[rid] = member
+            self._grouped[member[0]] = self._grouped.get(member[0], 0) + 1
         table = self._models.setdefault(model, _Model())
         if rid not in table.endpoints:
             bisect.insort(table.order, rid)
@@ -222,7 +226,13 @@ class Router:
         model = self._model_of.pop(rid, None)
         if model is None:
             return
-        self._group_of.pop(rid, None)
+        member = self._group_of.pop(rid, None)
+        if member is not None:
+            left = self._grouped[member[0]] - 1
+            if left:
+                self._grouped[member[0]] = left
+            else:
+                del self._grouped[member[0]]
         table = self._models[model]
         del table.endpoints[rid]
         del table.order[bisect.bisect_left(table.order, rid)]
@@ -293,7 +303,7 @@ class Router:
         self, model: ModelName, rid: ReplicaId, now_ms: int, skip: set[ReplicaId]
     ) -> tuple[_Model, Key] | None:
         """The prefill table of `rid`'s group and the key it would pick, if any."""
-        table = self._models.get(_prefill_key(model, self._group_of.get(rid, "")))
+        table = self._models.get(_prefill_key(model, self._group(rid)))
         if table is None or not table.order:
             return None
         key = self._top(table, now_ms, skip, None)
@@ -359,18 +369,27 @@ class Router:
         """Why `pick` found nothing for `model` at `now_ms`."""
         skip = set(exclude)
         candidates = [r.replica for r in self.routes(model) if r.replica not in skip]
-        if model in self._grouped:  # a decode replica whose group has no prefill one left
-            candidates = [r for r in candidates if self._has_prefill(model, r)]
+        ejected = self.ejected(now_ms)
+        grouped = model in self._grouped
+        if grouped:  # a decode replica whose group has no prefill one left
+            candidates = [r for r in candidates if self._prefills(model, r)]
         if not candidates:
             return NoRoute.NO_REPLICA
-        ejected = self.ejected(now_ms)
-        if all(r in ejected for r in candidates):
+        if all(
+            r in ejected or (grouped and all(p in ejected for p in self._prefills(model, r)))
+            for r in candidates
+        ):
             return NoRoute.EJECTED
         return NoRoute.BUSY
 
-    def _has_prefill(self, model: ModelName, rid: ReplicaId) -> bool:
-        table = self._models.get(_prefill_key(model, self._group_of.get(rid, "")))
-        return table is not None and bool(table.order)
+    def _group(self, rid: ReplicaId) -> str:
+        member = self._group_of.get(rid)
+        return member[1] if member is not None else ""
+
+    def _prefills(self, model: ModelName, rid: ReplicaId) -> list[ReplicaId]:
+        """The prefill replicas routed for `rid`'s group."""
+        table = self._models.get(_prefill_key(model, self._group(rid)))
+        return [] if table is None else list(table.order)
 
     def finished(self, rid: ReplicaId, ok: bool, now_ms: int = 0) -> bool:
         """A picked request to `rid` ended: `ok` when the replica answered (whatever the
@@ -402,6 +421,13 @@ class Router:
         elif health.ejected_until is None:
             self._push(self._models[model], rid)
         return ejected
+
+
+def _table_key(model: ModelName, group: str, role: str) -> ModelName:
+    """The table a replica is routed from: its model's, or its group's prefill table."""
+    if group and role == "prefill":
+        return _prefill_key(model, group)
+    return model
 
 
 _PREFILL = "/prefill@"

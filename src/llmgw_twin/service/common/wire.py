@@ -359,8 +359,8 @@ class RoleW(Mirror[Role]):
 
 
 class DeploymentW(Wire):
-    """A deployment's body; its model is the resource's name. With `roles`, `replicas` counts
-    role groups, and `profile` must be the first role's."""
+    """A deployment's body; its model is the resource's name. With `roles` (in any order),
+    `replicas` counts role groups, and `profile` must be the prefill role's."""
 
     profile: Name
     replicas: Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICAS)]
@@ -372,8 +372,14 @@ class DeploymentW(Wire):
             return self
         if sorted(r.name for r in self.roles) != ["decode", "prefill"]:
             raise ValueError("a role group needs the roles prefill and decode, each once")
-        if self.roles[0].profile != self.profile:
-            raise ValueError("profile must be the first role's profile")
+        if next(r.profile for r in self.roles if r.name == "prefill") != self.profile:
+            raise ValueError("profile must be the prefill role's profile")
+        members = self.replicas * sum(r.count for r in self.roles)
+        if members > MAX_REPLICAS:
+            raise ValueError(
+                f"{self.replicas} groups of {members // max(self.replicas, 1)} replicas are "
+                f"{members} replicas, more than the {MAX_REPLICAS} allowed"
+            )
         return self
 
     def to_core(self, model: str) -> Deployment:

@@ -282,6 +282,11 @@ def load_controller_config(path: str | Path) -> ControllerSettings:
             raise ConfigError(f"{path}: deployments[{i}]: model {dc.model!r} is deployed twice")
         deployments.append(_deployment(path, i, dc, f.profiles))
     autoscale = tuple(_autoscale(path, model, ac) for model, ac in sorted(f.autoscale.items()))
+    for dep in deployments:
+        if dep.roles and dep.model in f.autoscale:  # its load is per decode, its count per group
+            raise ConfigError(
+                f"{path}: autoscale.{dep.model}: a deployment of roles is not autoscaled yet"
+            )
     for policy in autoscale:
         _engine_exports(path, policy, f)
     store = f.store if is_postgres_url(f.store) else _store_file(path, f.store)

@@ -74,6 +74,16 @@ KEEPALIVE_PER_LIMIT = 4
 RETRY_AFTER_S = {NoRoute.NO_REPLICA: 5, NoRoute.BUSY: 1}
 """What a 503 says to wait; for `all_ejected`, until the first ejected replica is back."""
 NO_CONTROLLER_RETRY_AFTER_S = 5
+ASK_KV = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+"""What a role group's first hop asks the prefill replica for: prefill only, its KV cache kept
+for a decode replica to fetch; vLLM's NIXL connector then answers with `kv_transfer_params`."""
 Deployed = Callable[[], Collection[str] | None]
 
 
@@ -360,11 +370,13 @@ class Forwarder:
 
     async def _prefill(self, prefill: Route, path: str, raw: bytes) -> bytes | Response:
         """A role group's first hop: the prefill replica computes the prompt's KV cache, asked
-        whole for one token. The body for the decode replica (the request as sent, with the
-        prefill answer's `kv_transfer_params` when it gives them: vLLM's disaggregation), or
-        the prefill replica's answer when it is not a success (passed on as it is)."""
+        whole for one token, and to keep it for a remote decode (`ASK_KV`, vLLM's NIXL
+        connector's request; engines without one ignore it). The body for the decode replica
+        (the request as sent, with the prefill answer's `kv_transfer_params` when it gives
+        them: vLLM's disaggregation), or the prefill replica's answer when it is not a success
+        (passed on as it is)."""
         request = json.loads(raw)
-        first = {**request, "stream": False, "max_tokens": 1}
+        first = {**request, "stream": False, "max_tokens": 1, "kv_transfer_params": ASK_KV}
         first.pop("stream_options", None)
         if "max_completion_tokens" in first:
             first["max_completion_tokens"] = 1

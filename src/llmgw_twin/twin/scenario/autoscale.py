@@ -53,6 +53,8 @@ def load_autoscale(
 
 def _policy(node: Node, dep: Deployment, where: str, totals: ReplicaTotals) -> AutoscalePolicy:
     view = yn.MapView(node, where)
+    if dep.roles:  # its load is per decode replica, its count per group: not one measure yet
+        raise yn.Invalid.at(node, f"{where}: a deployment of roles is not autoscaled yet")
     view.check_keys(AUTOSCALE_KEYS)
     to_zero_node = view.get("scale_to_zero")
     to_zero = to_zero_node is not None and yn.boolean(to_zero_node, f"{where}.scale_to_zero")

@@ -70,7 +70,8 @@ def load_initial(
     models = {d.model for d in deployments}
     replicas: tuple[InitialReplica, ...] = ()
     if (r := view.get("replicas")) is not None:
-        replicas = _Replicas(by_name, profile_of, models, failed).load(r)
+        roles = {d.model: {r.name: r.profile for r in d.roles} for d in deployments if d.roles}
+        replicas = _Replicas(by_name, profile_of, models, failed, roles).load(r)
     return Initial(nodes, quarantines, replicas)
 
 
@@ -155,6 +156,7 @@ class _Replicas:
         profile_of: dict[ProfileName, Profile],
         models: set[ModelName],
         failed: set[tuple[NodeId, int]],
+        roles: dict[ModelName, dict[str, ProfileName]],
     ) -> None:
         self.by_name, self.profile_of, self.models, self.failed = (
             by_name,
@@ -162,8 +164,12 @@ class _Replicas:
             models,
             failed,
         )
+        self.roles = roles
+        """Each model deployed in roles: its roles' profiles."""
         self.held: dict[tuple[NodeId, int], str] = {}
         self.ids: dict[str, int] = {}
+        self.group_fabric: dict[str, FabricId] = {}
+        """The fabric of each role group's placed members so far."""
 
     def load(self, node: Node) -> tuple[InitialReplica, ...]:
         items = yn.items(node, "initial.replicas", MAX_REPLICAS)
@@ -194,6 +200,11 @@ class _Replicas:
         profile = _profile(v.require("profile"), f"{where}.profile", self.profile_of)
         state = yn.choice(v.require("state"), f"{where}.state", REPLICA_STATES, "replica state")
         group, role = self._member(v, where, model, int(match["seq"]))
+        if role and (want := self.roles[ModelName(model)][role]) != profile.name:
+            raise yn.Invalid.at(
+                v.entry("profile").value,
+                f"{where}.profile: a {role} replica of '{model}' runs its role's profile {want}",
+            )
         shards_node = v.get("shards")
         shards = [] if shards_node is None else yn.items(shards_node, f"{where}.shards")
         if state == "pending":
@@ -222,6 +233,12 @@ class _Replicas:
         fabric = self.by_name[layout[0][0]].fabric
         if (f := v.get("fabric")) is not None and yn.name(f, f"{where}.fabric") != fabric:
             raise yn.Invalid.at(f, f"{where}.fabric: its nodes are in fabric {fabric}")
+        if group and self.group_fabric.setdefault(group, fabric) != fabric:
+            raise yn.Invalid.at(
+                shards_node or item,
+                f"{where}: group {group}'s members are in {self.group_fabric[group]}, this one "
+                f"in {fabric}: a group is in one fabric",
+            )
         specs = shard_specs(ReplicaId(rid), ModelName(model), profile, layout, role)
         return InitialReplica(
             ReplicaId(rid),
@@ -239,8 +256,18 @@ class _Replicas:
         """A role group's member: its `group` and `role`, both or neither (docs/topology.md).
         A group is named after its first member (`MODEL-gN`, N that member's number), so N is
         at most the member's own: a group the controller makes later cannot take the name."""
+        grouped = ModelName(model) in self.roles
         if not (v.has("group") or v.has("role")):
+            if grouped:
+                raise yn.Invalid.at(
+                    v.node,
+                    f"{where}: '{model}' is deployed in roles: a replica of it names its group "
+                    "and role",
+                )
             return "", ""
+        if not grouped:
+            key = v.entry("group" if v.has("group") else "role").key_node
+            raise yn.Invalid.at(key, f"{where}: '{model}' is not deployed in roles")
         group = yn.text(v.require("group"), f"{where}.group")
         number = group[len(model) + 2 :]
         if not group.startswith(f"{model}-g") or not number.isdigit():
