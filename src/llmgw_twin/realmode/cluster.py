@@ -318,18 +318,25 @@ class RealCluster:
         n.proc = self._spawn(args, f"agent-{node}.log")
         n.groups.add(n.proc.pid)
 
-    def wait_healthy(self, url: str, proc: subprocess.Popen[bytes]) -> None:
-        """Poll `url`/health until it answers (bounded), failing fast if the process died."""
+    def wait_healthy(self, url: str, proc: subprocess.Popen[bytes], path: str = "/health") -> None:
+        """Poll `url``path` until it answers 200 (bounded), failing fast if the process died."""
         deadline = time.monotonic() + STARTUP_DEADLINE_S
-        with httpx.Client(timeout=1.0) as client:
+        headers = self.admin_headers if path != "/health" else None
+        with httpx.Client(timeout=1.0, headers=headers) as client:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} at start")
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{url}/health").status_code == 200:
+                    if client.get(f"{url}{path}").status_code == 200:
                         return
                 time.sleep(0.05)  # a process starting up: nothing to await but its port
-        raise RuntimeError(f"{url} did not answer within {STARTUP_DEADLINE_S}s")
+        raise RuntimeError(f"{url}{path} did not answer within {STARTUP_DEADLINE_S}s")
+
+    def wait_leading(self) -> None:
+        """The controller serves the admin API: it holds the lease and restored its store (its
+        health answers 200 as soon as the process listens, a standby's too)."""
+        assert self.controller is not None
+        self.wait_healthy(self.controller_url, self.controller, "/v1/admin/state")
 
     def agent_state(self, node: NodeId) -> dict[str, Any] | None:
         """The agent's own view, asked directly (not through the proxies a partition cuts)."""

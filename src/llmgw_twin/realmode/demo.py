@@ -99,7 +99,7 @@ class Demo:
         say(f"llmgw-twin demo: starting a controller, a router and 4 node agents in {c.workdir}")
         c.start_controller(config)
         assert c.controller is not None
-        await asyncio.to_thread(c.wait_healthy, c.controller_url, c.controller)
+        await asyncio.to_thread(c.wait_leading)
         c.start_router()
         assert c.router is not None
         await asyncio.to_thread(c.wait_healthy, c.router_url, c.router)

@@ -173,9 +173,7 @@ class RealRun:
         else:
             cluster.start_controller(config)
             assert cluster.controller is not None
-            await asyncio.to_thread(
-                cluster.wait_healthy, cluster.controller_url, cluster.controller
-            )
+            await asyncio.to_thread(cluster.wait_leading)
         if self.scenario.traffic:  # clients go through a router process of its own
             cluster.start_router()
             assert cluster.router is not None
