@@ -166,7 +166,7 @@ def test_a_bad_deployment_of_roles_in_the_config_is_refused(
 
 
 def test_a_snapshot_of_a_fleet_with_a_role_group_starts_the_twin_with_the_group_as_it_is(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "fleet.yaml"
     with running_fleet(tmp_path) as fleet:
@@ -183,6 +183,20 @@ def test_a_snapshot_of_a_fleet_with_a_role_group_starts_the_twin_with_the_group_
         wait_sync(ready, 30, "the group's three replicas ready")
         monkeypatch.setenv("LLMGW_TWIN_TOKEN", fleet.admin)
         assert main(["snapshot", "--controller", fleet.url, "-o", str(out)]) == 0
+        # the operator scales the groups with ctl; a profile change is refused up front
+        ctl = ["ctl", "deployment", "set", "chat", "--controller", fleet.url]
+        assert main([*ctl, "--replicas", "2", "--dry-run", "--seeds", "1"]) == 0
+        assert "unplaceable at the end" in capsys.readouterr().out  # a second group fits nowhere
+        assert main([*ctl, "--profile", "dec"]) == 2
+        assert "deployed in roles" in capsys.readouterr().err
+        assert main([*ctl, "--replicas", "2"]) == 0
+        assert "2 role group(s) of 1 prefill of pre, 2 decode of dec" in capsys.readouterr().out
+        (chat,) = fleet.state()["deployments"]
+        assert chat["replicas"] == 2 and [r["name"] for r in chat["roles"]] == [
+            "prefill",
+            "decode",
+        ]
+        assert main([*ctl, "--replicas", "1"]) == 0
     data = yaml.safe_load(out.read_text())
     (dep,) = data["deployments"]
     assert dep == {

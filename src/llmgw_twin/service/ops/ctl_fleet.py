@@ -132,13 +132,24 @@ class SetDeployment:
             )
             return 1
         was = now or {}
+        roles = was.get("roles") or []
+        if roles and args.profile is not None:
+            print(
+                f"error: '{args.model}' is deployed in roles (docs/topology.md), whose profiles "
+                "cannot change in place: --replicas scales its groups",
+                file=sys.stderr,
+            )
+            return 2
         body = {
             "profile": args.profile if args.profile is not None else was["profile"],
             "replicas": args.replicas if args.replicas is not None else was["replicas"],
-        }
+        } | ({"roles": roles} if roles else {})
         status, answer = _request(args, "PUT", f"/v1/admin/deployments/{args.model}", body=body)
         if status == 0:
             line = f"deployment {args.model}: {body['replicas']} replica(s) of {body['profile']}"
+            if roles:
+                each = ", ".join(f"{r['count']} {r['name']} of {r['profile']}" for r in roles)
+                line = f"deployment {args.model}: {body['replicas']} role group(s) of {each}"
             if answer.get("warnings"):
                 line += "; " + "; ".join(str(w) for w in answer["warnings"])
             print_answer(args, answer, line if args.output not in ("json", "yaml") else "")
