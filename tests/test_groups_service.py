@@ -8,7 +8,6 @@ loopback with fake agents (`helpers.fake_fleet`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,16 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from helpers.controller import controller
 from helpers.fake_fleet import running_fleet
-from helpers.services import FAST, node_info, wait_sync
+from helpers.services import node_info, wait_sync
 from llmgw_twin.cli import main
 from llmgw_twin.control.model import ProfileName, Role
 from llmgw_twin.control.protocol import NodeRegistered
 from llmgw_twin.service.common.config import ConfigError
 from llmgw_twin.service.common.limits import MAX_REPLICAS
 from llmgw_twin.service.common.wire import DeploymentW, NodeRegisteredW
-from llmgw_twin.service.controller.app import ControllerRuntime
-from llmgw_twin.service.controller.config import ControllerSettings, load_controller_config
-from llmgw_twin.service.controller.routes import create_controller_app
+from llmgw_twin.service.controller.config import load_controller_config
 from llmgw_twin.service.ops.ctl_fleet import render_explain
 from llmgw_twin.twin.scenario.loader import load_scenario
 from llmgw_twin.twin.world.runner import run_scenario
@@ -44,20 +42,6 @@ def registration(name: str, fabric: str) -> dict[str, object]:
     return NodeRegisteredW.from_core(msg, f"http://agent-{name}").model_dump(mode="json")
 
 
-async def with_controller(db: Path, body: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
-    settings = ControllerSettings("127.0.0.1", 0, str(db), FAST, (), ())
-    runtime = ControllerRuntime(
-        settings, agent_transport=httpx.MockTransport(lambda r: httpx.Response(200, json={}))
-    )
-    await runtime.start()
-    transport = httpx.ASGITransport(app=create_controller_app(runtime))
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
-            await body(client)
-    finally:
-        await runtime.stop()
-
-
 async def placed(client: httpx.AsyncClient, want: int) -> list[dict[str, Any]]:
     """The subjects of the `replica.placed` events, once `want` of them are logged (bounded)."""
     for _ in range(500):
@@ -72,8 +56,6 @@ async def placed(client: httpx.AsyncClient, want: int) -> list[dict[str, Any]]:
 def test_a_deployment_of_roles_is_placed_whole_kept_across_a_restart_and_not_reshaped(
     tmp_path: Path,
 ) -> None:
-    db = tmp_path / "c.db"
-
     async def first(client: httpx.AsyncClient) -> None:
         for i, fabric in enumerate(["ib-a", "ib-a", "ib-a", "ib-b"]):
             r = await client.post("/v1/agents/register", json=registration(f"n{i + 1}", fabric))
@@ -117,8 +99,12 @@ def test_a_deployment_of_roles_is_placed_whole_kept_across_a_restart_and_not_res
             {"name": "decode", "profile": "dec", "count": 1},
         ]
 
-    asyncio.run(with_controller(db, first))
-    asyncio.run(with_controller(db, second))
+    async def twice() -> None:  # the same store: the second is a restart
+        for body in (first, second):
+            async with controller(tmp_path) as (_, client):
+                await body(client)
+
+    asyncio.run(twice())
 
 
 CONFIG = """\
