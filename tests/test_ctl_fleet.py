@@ -206,14 +206,19 @@ def test_a_drain_wait_that_runs_out_says_the_drain_goes_on(
     fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
     busy = next(n for n in NODES if fleet.on(n))
-    assert main(fleet.ctl("drain", busy, "--wait", "1ms")) == 1  # no copy is ready within 1 ms
+    others = [n for n in NODES if n != busy]
+    for node in others:  # no room for a copy until they are back: the wait cannot be met
+        assert main(fleet.ctl("cordon", node)) == 0
+    assert main(fleet.ctl("drain", busy, "--wait", "1ms")) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == (
         f"node {busy}: not drained after 1ms; the drain goes on in the controller "
         f"(`llmgw-twin ctl drain {busy} --wait D` waits again; `llmgw-twin ctl uncordon {busy}` "
         "cancels it and puts the node back into placement)"
     )
-    # it did go on: the node empties with no ctl waiting on it
+    # it did go on: with room again, the node empties with no ctl waiting on it
+    for node in others:
+        assert main(fleet.ctl("uncordon", node)) == 0
     wait_sync(lambda: True if fleet.on(busy) == [] else None, 20, "the drain to finish")
     (entry,) = [n for n in fleet.state()["nodes"] if n["node"] == busy]
     assert entry["cordoned"] is True
