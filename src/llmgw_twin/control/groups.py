@@ -86,7 +86,7 @@ class Groups:
                     if rec.state.live:
                         life.reap(rec, "scaled down", scaled_down=True)
         for gid in sorted(groups, key=lambda g: groups[g][0].seq):
-            members = [m for m in groups[gid] if m.state.live]
+            members = groups[gid]
             for role in dep.roles:
                 have = [m for m in members if m.role == role.name and life.counts(m)]
                 for _ in range(role.count - len(have)):
@@ -122,19 +122,24 @@ class Groups:
         at all, a member of a group that holds a fabric in that fabric; then dissolve each group
         left with a role of none placed."""
         life = self._life
-        todo = sorted({(r.model, r.group) for r in pending if r.group})
-        for model, gid in todo:
+        todo: dict[ModelName, set[str]] = {}
+        for r in pending:
+            if r.group:
+                todo.setdefault(r.model, set()).add(r.group)
+        for model in sorted(todo):
             dep = life.deployments.get(model)
             if dep is None or not dep.roles:
                 continue
-            members = [r for r in life.replicas.live(model) if r.group == gid]
-            fabric = fabric_of(members)
-            waiting = [r for r in members if not r.placed]
-            if fabric is None:
-                self._admit(dep, gid, waiting)
-            else:
-                self._fill(waiting, fabric)
-                self._dissolve_if_short(dep, gid, fabric)
+            groups = group_of(life.replicas.live(model))  # once a model, not once a group
+            for gid in sorted(todo[model]):
+                members = groups.get(gid, [])
+                fabric = fabric_of(members)
+                waiting = [r for r in members if not r.placed]
+                if fabric is None:
+                    self._admit(dep, gid, waiting)
+                else:
+                    self._fill(waiting, fabric)
+                    self._dissolve_if_short(dep, gid, fabric, members)
 
     def _eligible(self, rec: ReplicaRecord) -> bool:
         return rec.not_before_ms <= self._life.out.now_ms
@@ -219,9 +224,10 @@ class Groups:
                     capacity.release(node, gpus)
         return plan
 
-    def _dissolve_if_short(self, dep: Deployment, gid: str, fabric: FabricId) -> None:
+    def _dissolve_if_short(
+        self, dep: Deployment, gid: str, fabric: FabricId, members: list[ReplicaRecord]
+    ) -> None:
         life = self._life
-        members = [r for r in life.replicas.live(dep.model) if r.group == gid]
         held = {m.role for m in members if m.placed}
         short = [role.name for role in dep.roles if role.name not in held]
         if not short:

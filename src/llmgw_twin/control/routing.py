@@ -283,19 +283,22 @@ class Router:
             return None
         skip = set(exclude)
         partner = None
+        found: dict[ReplicaId, tuple[_Model, Key]] = {}  # each decode's prefill, as judged
         if model in self._grouped:
 
             def partner(rid: ReplicaId) -> bool:
-                return self._prefill_of(model, rid, now_ms, skip) is not None
+                hit = self._prefill_of(model, rid, now_ms, skip)
+                if hit is not None:
+                    found[rid] = hit
+                return hit is not None
 
         key = self._top(table, now_ms, skip, partner)
         if key is None:
             return None
         route = self._take(table, key[2])
         if partner is not None:
-            found = self._prefill_of(model, route.replica, now_ms, skip)
-            assert found is not None
-            prefill = self._take(found[0], found[1][2])
+            prefill_table, prefill_key = found[route.replica]
+            prefill = self._take(prefill_table, prefill_key[2])
             route = Route(route.replica, route.endpoint, prefill)
         return route
 

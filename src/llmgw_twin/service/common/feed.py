@@ -130,8 +130,12 @@ def event_of(w: FeedEventW) -> TraceEvent:
 def snapshot_wire(entries: Iterable[SnapshotEntry]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for e in entries:
-        item: dict[str, Any] = {"model": e.model, "replica": e.replica, "state": e.state.value}
-        item["endpoint"] = e.endpoint
+        item: dict[str, Any] = {
+            "model": e.model,
+            "replica": e.replica,
+            "state": e.state.value,
+            "endpoint": e.endpoint,
+        }
         if e.group:
             item["group"], item["role"] = e.group, e.role
         out.append(item)
