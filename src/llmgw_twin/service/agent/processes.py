@@ -180,7 +180,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 async def stop_group(proc: Proc, grace_s: float) -> int | None:
     """End the process group led by `proc`: SIGTERM (and SIGCONT, so that a stopped member
-    handles it rather than sit out the grace), at most `grace_s`, then SIGKILL."""
+    handles it rather than sit out the grace), at most `grace_s`, then SIGKILL; returns once
+    the leader is reaped and no member of the group runs (a SIGKILL takes effect when the
+    kernel next schedules its process, which on a busy machine is not at once), or after
+    `KILL_WAIT_S`."""
     if isinstance(proc, Adopted):
         return await _stop_adopted(proc, grace_s)
     pgid = proc.pid  # a session leader's group id is its pid
@@ -193,7 +196,7 @@ async def stop_group(proc: Proc, grace_s: float) -> int | None:
     if proc.returncode is None:
         _signal_group(pgid, signal.SIGKILL)  # the leader is unreaped: pgid is still this group
     deadline = time.monotonic() + KILL_WAIT_S
-    while proc.poll() is None and time.monotonic() < deadline:
+    while (proc.poll() is None or group_alive(pgid)) and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
     return proc.returncode
 
