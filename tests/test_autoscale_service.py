@@ -62,17 +62,18 @@ def test_the_count_follows_the_routers_load_up_at_once_and_down_one_at_a_time(
 
         def up() -> bool | None:
             _push(fleet, 7)  # 7 outstanding at a target of 2 a replica: 4 needed
-            return _count(fleet) == 4 or None
+            # the state shows a decision as it is made, its event once it is committed
+            return (_count(fleet) == 4 and bool(_scaled(fleet))) or None
 
-        wait_sync(up, 30, "the deployment scaled up to 4")
+        wait_sync(up, 30, "the deployment scaled up to 4, its event logged")
         first = _scaled(fleet)
         assert [(e["was"], e["replicas"]) for e in first] == [(1, 4)]
 
         def down() -> bool | None:
             _push(fleet, 0)
-            return _count(fleet) < 4 or None
+            return (_count(fleet) < 4 and len(_scaled(fleet)) > 1) or None
 
-        wait_sync(down, 30, "the deployment scaled down")
+        wait_sync(down, 30, "the deployment scaled down, its event logged")
         steps = [(e["was"], e["replicas"]) for e in _scaled(fleet)]
         assert steps[:2] == [(1, 4), (4, 3)]  # one replica at a time
         assert _count(fleet) == 3
