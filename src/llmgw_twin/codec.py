@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, TypeVar
 
@@ -51,8 +50,10 @@ def decode(cls: type[T], data: Any) -> T:
 
 
 def dumps(record: object) -> str:
-    """Canonical JSON text of a record."""
-    return json.dumps(encode(record), sort_keys=True, separators=(",", ":"))
+    """Canonical JSON text of a record: keys and fields in sorted order, no spaces, UTF-8 as
+    is (one pass of msgspec's encoder, where a detour through Python objects and the standard
+    library's encoder cost a twin's fleet start a twentieth)."""
+    return msgspec.json.encode(record, order="sorted").decode()
 
 
 def loads(cls: type[T], text: str | bytes) -> T:

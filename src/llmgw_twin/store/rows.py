@@ -6,6 +6,7 @@ the same bytes. `apply_write` runs inside the caller's transaction.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import assert_never
@@ -86,14 +87,16 @@ COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 def upsert(execute: Execute, table: str, row: Sequence[object]) -> None:
     """Insert `row`, or replace the one with its key: the standard upsert both dialects read."""
+    execute(_upsert_sql(table, len(row)), tuple(row))
+
+
+@functools.cache
+def _upsert_sql(table: str, width: int) -> str:
     keys, rest = COLUMNS[table]
-    marks = ", ".join("?" for _ in row)
+    marks = ", ".join("?" for _ in range(width))
     update = ", ".join(f"{c} = excluded.{c}" for c in rest)
     action = f"DO UPDATE SET {update}" if rest else "DO NOTHING"
-    execute(
-        f"INSERT INTO {table} VALUES ({marks}) ON CONFLICT ({', '.join(keys)}) {action}",  # noqa: S608
-        tuple(row),
-    )
+    return f"INSERT INTO {table} VALUES ({marks}) ON CONFLICT ({', '.join(keys)}) {action}"  # noqa: S608
 
 
 def apply_write(db: Execute, w: Write) -> None:
