@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import NamedTuple, NewType
 
 from llmgw_twin.control.topology import ANY, NodeTopology, TopologyRules
 
@@ -101,7 +101,7 @@ class ReplicaState(enum.StrEnum):
     @property
     def live(self) -> bool:
         """Counts toward the deployment's desired replicas."""
-        return self not in (ReplicaState.FAILED, ReplicaState.REAPED)
+        return self is not ReplicaState.FAILED and self is not ReplicaState.REAPED
 
 
 class ShardState(enum.StrEnum):
@@ -389,8 +389,10 @@ class ShardSpec:
         )
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ShardKey:
+class ShardKey(NamedTuple):
+    """A shard's name: its replica and rank. A named tuple rather than a record: made for every
+    look-up of a shard (`ShardSpec.key`), compared and hashed as a tuple, at C speed."""
+
     replica: ReplicaId
     rank: int
 

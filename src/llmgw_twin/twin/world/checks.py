@@ -87,8 +87,15 @@ class Invariants:
         if self._last.get(node) == msg.shards and isinstance(msg, Heartbeat):
             return False
         self._last[node] = msg.shards
-        self._delivered[node] = {r.spec.key: r for r in msg.shards}
+        self._delivered.pop(node, None)  # indexed when a check reads it (`_reported`)
         return True
+
+    def _reported(self, node: NodeId) -> dict[ShardKey, ShardReport]:
+        """What `node` last told the controller it runs, by shard."""
+        got = self._delivered.get(node)
+        if got is None:
+            got = self._delivered[node] = {r.spec.key: r for r in self._last.get(node, ())}
+        return got
 
     def after_step(
         self, ctl: Controller, t_ms: int, events: Iterable[TraceEvent], heard: NodeId | None
@@ -148,7 +155,7 @@ class Invariants:
             if ctl.node_state(spec.node) is NodeState.LOST:
                 problems.append(f"rank {spec.rank} is on lost node {spec.node}")
                 continue
-            report = self._delivered.get(spec.node, {}).get(spec.key)
+            report = self._reported(spec.node).get(spec.key)
             want = ShardState.SERVING if spec.rank == 0 else ShardState.RUNNING
             if report is None or report.state is not want:
                 seen = "nothing" if report is None else report.state.value

@@ -73,10 +73,10 @@ class SimEngine:
     has_joined: bool = False  # worker: joined its leader
     serving: bool = False  # leader: told its agent it serves
     hung: bool = False  # alive, port open, answers nothing and makes no progress
+    key: ShardKey = field(init=False)
 
-    @property
-    def key(self) -> ShardKey:
-        return self.spec.key
+    def __post_init__(self) -> None:
+        self.key = self.spec.key  # asked for at every turn of the world
 
 
 class SimNode:
