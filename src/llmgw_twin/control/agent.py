@@ -219,7 +219,8 @@ class AgentCore:
         want = {s.key: s for s in wanted}
         changed = False
         for key in sorted(self._shards):
-            if key not in want or want[key] != self._shards[key].spec:
+            have, spec = self._shards[key].spec, want.get(key)
+            if spec is not have and spec != have:  # dropped, or changed (`is`: the usual case)
                 shard = self._shards.pop(key)
                 if shard.phase is not Phase.WAITING:
                     self._stop_seq += 1

@@ -212,17 +212,34 @@ class CapacityIndex(CapacityBook):
     ) -> tuple[int, float, NodeId] | None:
         """The eligible node of a bucket holding the fewest replicas of the deployment, then
         the least unstable (`stability.py`), then the first by name: (replicas of the deployment
-        on it, instability, node). Stops at the first node with neither."""
+        on it, instability, node). Stops at the first node with neither.
+
+        The bucket is in name order, so a later node wins only on fewer replicas or less
+        instability; a node that cannot is passed over on its replica count alone (a deployment
+        on every node scans whole buckets)."""
         best: tuple[int, float, NodeId] | None = None
-        risk = self.stability.risk
+        risk, caps = self.stability.risk, self._nodes
+        engine, linked = shape.engine, shape.linked
         for node in bucket:
-            if node in excluded or node in chosen or not self.can_run(node, shape):
+            if node in excluded or node in chosen:
                 continue
-            key = (spread.get(node, 0), risk.get(node, 0.0), node)
-            if key[0] == 0 and key[1] == 0.0:
-                return key
-            if best is None or key < best:
-                best = key
+            same = spread.get(node, 0)
+            if best is not None and (same > best[0] or (same == best[0] and best[1] == 0.0)):
+                continue  # (instability is never below 0.0)
+            cap = caps.get(node)
+            if (
+                cap is None
+                or not cap.schedulable
+                or cap.cordoned
+                or engine not in cap.info.engines
+                or (linked and not cap.link_up)
+            ):
+                continue  # as `can_run`
+            unstable = risk.get(node, 0.0)
+            if best is None or (same, unstable) < best[:2]:
+                if same == 0 and unstable == 0.0:
+                    return (0, 0.0, node)
+                best = (same, unstable, node)
         return best
 
 
