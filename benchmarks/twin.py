@@ -27,6 +27,7 @@ SimPy day takes about nine minutes). `--json FILE` writes the fleet rows there a
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -105,8 +106,17 @@ def bare_seconds(nodes: int, virtual_ms: int, timings: Timings, seed: int) -> fl
 
 
 def repeat(fn: Callable[[], float], times: int) -> tuple[float, float]:
-    runs = [fn() for _ in range(times)]
+    runs = [clean(fn) for _ in range(times)]
     return min(runs), statistics.median(runs)
+
+
+def clean(fn: Callable[[], float]) -> float:
+    """`fn` timed after the garbage of what ran before it is collected: a run's world is freed
+    by the cycle collector, and a run timed after another would otherwise pay for walking its
+    predecessor's (a tenth of a 1,000-node hour). The standard library's `timeit` keeps the
+    collector off while it times for the same reason; both sides here are measured alike."""
+    gc.collect()
+    return fn()
 
 
 def fleet_rows(
@@ -136,7 +146,7 @@ def fleet_rows(
             beat, beat_s = "skipped" if baseline else "not run", None
             if baseline and (per_beat_rate is None or per_beat_rate * virtual <= budget):
                 step(f"steady fleet, {nodes} nodes, {label} virtual: one event per heartbeat")
-                beat_s = twin_seconds(scenario, bulk=False)
+                beat_s = clean(partial(twin_seconds, scenario, bulk=False))
                 per_beat_rate = beat_s / virtual
                 beat = f"{beat_s:.2f} s"
             bare: tuple[float, float] | None = None
