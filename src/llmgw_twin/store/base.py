@@ -114,14 +114,16 @@ class SqlStore(ABC):
         dropped); returns once they are durable. With `epoch`, only while the lease is in that
         epoch (else `Fenced`, and nothing is written): a deposed leader's decision never lands."""
         batch = list(writes)
-        if not batch and not events and epoch is None:
+        if not batch and not events:
+            # nothing to write: a read of the lease is as good a moment as a transaction's
+            # (the twin's steps that only emit events are two thirds of its commits)
+            if epoch is not None:
+                self._fence(self._lease_row(), epoch)
             return
 
         def work() -> None:
             if epoch is not None:
-                held = self._lease_row(lock=True, share=True)
-                if held is None or held.epoch != epoch:
-                    raise Fenced(f"{self.path}: the lease is no longer in epoch {epoch}")
+                self._fence(self._lease_row(lock=True, share=True), epoch)
             if events:
                 first = self._next_event()
                 for i, ev in enumerate(events):
@@ -132,6 +134,10 @@ class SqlStore(ABC):
                 apply_write(self._exec, w)
 
         self._transaction(work)
+
+    def _fence(self, held: Lease | None, epoch: int) -> None:
+        if held is None or held.epoch != epoch:
+            raise Fenced(f"{self.path}: the lease is no longer in epoch {epoch}")
 
     def _next_event(self) -> int:
         newest = self._exec("SELECT MAX(seq) FROM events").fetchone()[0]
