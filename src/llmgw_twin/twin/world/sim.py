@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import simpy
 
 from llmgw_twin.control.model import NodeId, NodeInfo, ReplicaId, ShardKey, Timings
-from llmgw_twin.control.protocol import AgentEvent, ControllerEvent, EngineUnresponsive
+from llmgw_twin.control.protocol import AgentEvent, ControllerEvent, EngineUnresponsive, Heartbeat
 from llmgw_twin.twin.world.heartbeats import Heartbeats
 from llmgw_twin.twin.world.network import Network
 from llmgw_twin.twin.world.node import PEER_LOST_EXIT_CODE, SimEngine, SimNode
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    msg: Heartbeat
+    sent_ms: int
+    latency_ms: int
 
 
 class World:
@@ -48,6 +56,8 @@ class World:
         self.engine_starts = 0
         self.engine_start_times: list[int] = []
         self.heartbeats = Heartbeats(self, bulk)
+        self._outgoing: dict[NodeId, _Outgoing] = {}
+        """Each node's last heartbeat sent and not yet delivered (`send_to_controller`)."""
         self.on_command: Callable[[NodeId, int, int, bool], None] | None = None
         """Told of every controller command an agent process (node, incarnation) acted on or
         refused (False, True), with the command's epoch."""
@@ -65,9 +75,32 @@ class World:
         ev.callbacks.append(lambda _ev: fn())
 
     def send_to_controller(self, node: NodeId, msg: ControllerEvent) -> None:
+        """An agent's message, delivered after the node's control latency. As the agent's own
+        report queue does (`service/agent/reports.py`), a heartbeat sent while the node's last
+        message is a heartbeat of this very instant, not yet delivered, takes its place: each is
+        the node's whole shard set, and the newer says it all (two shards starting at once are
+        one report, not two)."""
         latency = self.network.control_latency_ms(node)
-        if latency is not None:
-            self.later(latency, lambda: self._to_controller(msg))
+        if latency is None:
+            return
+        last = self._outgoing.get(node)
+        if isinstance(msg, Heartbeat):
+            now = self.now
+            if last is not None and last.sent_ms == now and last.latency_ms == latency:
+                last.msg = msg
+                return
+            out = _Outgoing(msg, now, latency)
+            self._outgoing[node] = out
+            self.later(latency, lambda: self._deliver_outgoing(node, out))
+            return
+        if last is not None:
+            del self._outgoing[node]  # a heartbeat after this one follows it, as sent
+        self.later(latency, lambda: self._to_controller(msg))
+
+    def _deliver_outgoing(self, node: NodeId, out: _Outgoing) -> None:
+        if self._outgoing.get(node) is out:
+            del self._outgoing[node]
+        self._to_controller(out.msg)
 
     def send_to_agent(self, node: NodeId, msg: AgentEvent) -> None:
         latency = self.network.control_latency_ms(node)
