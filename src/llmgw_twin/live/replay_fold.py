@@ -19,6 +19,7 @@ explains; each change is recorded in `scales` (a `set_replicas` when it falls in
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from llmgw_twin.control.model import TraceEvent
@@ -224,8 +225,10 @@ class Fold:
     # --- the initial section --------------------------------------------------------------
 
     def honour_gpu_failures(self, window: list[TraceEvent]) -> None:
-        """A GPU that fails in the window under a replica that fails with it must be one of
-        that replica's; one that fails under none must be free: swap GPUs of the node so."""
+        """A GPU that fails in the window under a replica that fails with it (on that node,
+        within 100 ms either side: the engine's exit may be told before the GPU or with it)
+        must be one of that replica's; one that fails under none must be free: swap GPUs of
+        the node so."""
         for i, ev in enumerate(window):
             if ev.kind != "gpu.failed":
                 continue
@@ -233,10 +236,7 @@ class Fold:
             if node not in self.free:
                 continue
             victims = []
-            for j in range(i - 1, -1, -1):
-                e = window[j]
-                if ev.t_ms - e.t_ms > 100:
-                    break
+            for e in _near(window, i, 100):
                 rid = str(e.get("replica"))
                 if e.kind == "replica.failed" and e.get("node") == node and rid in self.replicas:
                     victims.append(rid)
@@ -310,3 +310,17 @@ class Fold:
 def _id_key(rid: str) -> tuple[str, int]:
     model, _, seq = rid.rpartition("-r")
     return (model, int(seq)) if seq.isdigit() else (rid, 0)
+
+
+def _near(window: list[TraceEvent], i: int, within_ms: int) -> Iterator[TraceEvent]:
+    """The events of `window` within `within_ms` of its `i`th, nearest first on each side:
+    those before it, then those after."""
+    at = window[i].t_ms
+    for j in range(i - 1, -1, -1):
+        if at - window[j].t_ms > within_ms:
+            break
+        yield window[j]
+    for j in range(i + 1, len(window)):
+        if window[j].t_ms - at > within_ms:
+            break
+        yield window[j]
