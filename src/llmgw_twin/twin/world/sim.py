@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import simpy
 
 from llmgw_twin.control.model import NodeId, NodeInfo, ReplicaId, ShardKey, Timings
-from llmgw_twin.control.protocol import AgentEvent, ControllerEvent, EngineUnresponsive, Heartbeat
+from llmgw_twin.control.protocol import (
+    AgentEvent,
+    Assigned,
+    ControllerEvent,
+    EngineUnresponsive,
+    Heartbeat,
+)
 from llmgw_twin.twin.world.heartbeats import Heartbeats
 from llmgw_twin.twin.world.network import Network
 from llmgw_twin.twin.world.node import PEER_LOST_EXIT_CODE, SimEngine, SimNode
@@ -29,6 +35,14 @@ class _Outgoing:
     msg: Heartbeat
     sent_ms: int
     latency_ms: int
+
+
+@dataclass(slots=True)
+class _ToAgent:
+    msg: Assigned
+    sent_ms: int
+    latency_ms: int
+    generation: int
 
 
 class World:
@@ -58,6 +72,8 @@ class World:
         self.heartbeats = Heartbeats(self, bulk)
         self._outgoing: dict[NodeId, _Outgoing] = {}
         """Each node's last heartbeat sent and not yet delivered (`send_to_controller`)."""
+        self._to_agent: dict[NodeId, _ToAgent] = {}
+        """Each node's last assignment sent and not yet delivered (`send_to_agent`)."""
         self.on_command: Callable[[NodeId, int, int, bool], None] | None = None
         """Told of every controller command an agent process (node, incarnation) acted on or
         refused (False, True), with the command's epoch."""
@@ -103,12 +119,40 @@ class World:
         self._to_controller(out.msg)
 
     def send_to_agent(self, node: NodeId, msg: AgentEvent) -> None:
+        """A controller's command, delivered after the node's control latency. As the
+        controller's delivery does (`service/controller/delivery.py`), an assignment decided in
+        the same millisecond as the node's last one from the same leader, not yet delivered,
+        takes its place (each is the node's whole set: a placement cut into slices tells a node
+        once what it decided for it in several)."""
         latency = self.network.control_latency_ms(node)
         if latency is None:
             return
         target = self.nodes[node]
         generation = target.generation
+        last = self._to_agent.get(node)
+        if isinstance(msg, Assigned):
+            now = self.now
+            if (
+                last is not None
+                and last.sent_ms == now
+                and last.latency_ms == latency
+                and last.generation == generation
+                and last.msg.epoch == msg.epoch
+            ):
+                last.msg = msg
+                return
+            out = _ToAgent(msg, now, latency, generation)
+            self._to_agent[node] = out
+            self.later(latency, lambda: self._deliver_to_agent(node, out))
+            return
+        if last is not None:
+            del self._to_agent[node]  # an assignment after this one follows it, as sent
         self.later(latency, lambda: target.deliver(msg, generation))
+
+    def _deliver_to_agent(self, node: NodeId, out: _ToAgent) -> None:
+        if self._to_agent.get(node) is out:
+            del self._to_agent[node]
+        self.nodes[node].deliver(out.msg, out.generation)
 
     def engines(self) -> list[SimEngine]:
         return [e for n in self.nodes.values() for e in n.engines_sorted()]
