@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 
 from llmgw_twin.control.capacity import CapacityBook
 from llmgw_twin.control.fits import FitRanking
@@ -105,7 +106,8 @@ class CapacityIndex(CapacityBook):
     ) -> Placement | Unplaceable:
         """Choose a fabric and nodes for one replica of `profile`, on none of `excluded` (and,
         for a multi-node replica, on no node whose fabric link is down); books nothing.
-        `replicas_per_fabric` and `per_node` count the deployment's live replicas (for spread);
+        `replicas_per_fabric` and `per_node` count the deployment's live replicas (for spread; a
+        node holding none is absent from `per_node`, not counted 0);
         `demand` is what the pass still has to place after this one (for room); `only`: in that
         fabric alone (a role group's, `groups.py`)."""
         shape = Shape.of(profile)
@@ -212,33 +214,36 @@ class CapacityIndex(CapacityBook):
     ) -> tuple[int, float, NodeId] | None:
         """The eligible node of a bucket holding the fewest replicas of the deployment, then
         the least unstable (`stability.py`), then the first by name: (replicas of the deployment
-        on it, instability, node). Stops at the first node with neither.
+        on it, instability, node). `spread` counts at least one a node it names.
 
-        The bucket is in name order, so a later node wins only on fewer replicas or less
-        instability; a node that cannot is passed over on its replica count alone (a deployment
-        on every node scans whole buckets)."""
+        The nodes holding none come first, picked out at C speed (a deployment on most nodes
+        leaves few), and the first of them with no instability is the answer. When every
+        eligible node holds some, the bucket is scanned in name order, where a later node wins
+        only on fewer replicas or less instability: one holding one and no instability ends it."""
+        risk = self.stability.risk
         best: tuple[int, float, NodeId] | None = None
-        risk, caps = self.stability.risk, self._nodes
-        engine, linked = shape.engine, shape.linked
-        for node in bucket:
-            if node in excluded or node in chosen:
+        for node in filterfalse(spread.__contains__, bucket):
+            if node in excluded or node in chosen or not self.can_run(node, shape):
                 continue
+            unstable = risk.get(node, 0.0)
+            if unstable == 0.0:
+                return (0, 0.0, node)
+            if best is None or unstable < best[1]:
+                best = (0, unstable, node)
+        if best is not None:
+            return best
+        for node in bucket:
             same = spread.get(node, 0)
+            if same == 0 or node in excluded or node in chosen:
+                continue  # (one holding none is not eligible: seen above)
             if best is not None and (same > best[0] or (same == best[0] and best[1] == 0.0)):
                 continue  # (instability is never below 0.0)
-            cap = caps.get(node)
-            if (
-                cap is None
-                or not cap.schedulable
-                or cap.cordoned
-                or engine not in cap.info.engines
-                or (linked and not cap.link_up)
-            ):
-                continue  # as `can_run`
+            if not self.can_run(node, shape):
+                continue
             unstable = risk.get(node, 0.0)
             if best is None or (same, unstable) < best[:2]:
-                if same == 0 and unstable == 0.0:
-                    return (0, 0.0, node)
+                if same == 1 and unstable == 0.0:
+                    return (1, 0.0, node)
                 best = (same, unstable, node)
         return best
 

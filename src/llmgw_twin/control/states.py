@@ -54,6 +54,10 @@ class Phase(enum.Enum):
     UNRESPONSIVE = "unresponsive"  # alive but failing its probe (a leader's or a worker's)
     EXITED = "exited"  # the engine process ended
 
+    # a member equals itself alone, so the identity's hash serves, at C speed (`Enum`'s own
+    # hashes the name in Python, once per table look-up: a twin's fleet start does thousands)
+    __hash__ = object.__hash__
+
 
 P = Phase
 SHARD_PHASE: Mapping[Phase, frozenset[Phase]] = {
