@@ -172,7 +172,8 @@ class Controller(ControllerViews):
         step = self._handle(event, now_ms)
         if step is QUIET_STEP or self._due_ms is None:
             return step
-        return replace(step, wake_at_ms=self.reconcile_at_or_after(now_ms))
+        wake = self.reconcile_at_or_after(now_ms)
+        return Step(step.commands, step.events, wake, step.writes)  # (`replace`, without its cost)
 
     def reconcile_would_act(self, now_ms: int) -> bool:
         """Whether a reconcile at `now_ms` could change anything, no input having come since
