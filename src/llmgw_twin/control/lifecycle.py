@@ -337,12 +337,15 @@ class Lifecycle:
                 todo.append(r)
         self.capacity.stability.advance(now)
         limit = self.slices.placing(len(todo))
-        plan = plan_pass(self.capacity, todo, self.replicas, self.failures.excluded, limit)
+        plan = plan_pass(
+            self.capacity, todo, self.replicas, self.failures.excluded, limit, keep=True
+        )
         if limit is not None:
             tried.update(rec.id for rec, _ in plan)
+        booked = all(isinstance(result, Placement) for _, result in plan)  # kept by the pass
         for rec, result in plan:
             if isinstance(result, Placement):
-                self.bind(rec, result)
+                self.bind(rec, result, booked)
             elif result.reason != rec.unplaceable_reason and not self.moves.making_room_for(rec.id):
                 # (while moves make its room, its reason only says the room is held: not news)
                 rec.unplaceable_reason = result.reason
@@ -352,7 +355,9 @@ class Lifecycle:
         if grouped:
             self.groups.place(grouped)
 
-    def bind(self, rec: ReplicaRecord, placement: Placement) -> None:
+    def bind(self, rec: ReplicaRecord, placement: Placement, booked: bool = False) -> None:
+        """Give `rec` its place: shards, assignments, the store's row; its GPUs booked (already,
+        with `booked`: a placement pass that kept its whole plan's bookings)."""
         profile = rec.profile
         specs = tuple(
             ShardSpec(
@@ -376,7 +381,8 @@ class Lifecycle:
             for rank, (node, gpus) in enumerate(zip(placement.nodes, placement.gpus, strict=True))
         )
         for spec in specs:
-            self.capacity.book(spec.node, spec.gpus)
+            if not booked:
+                self.capacity.book(spec.node, spec.gpus)
             self.assignments.add(spec)
         rec.specs = specs
         rec.fabric = placement.fabric

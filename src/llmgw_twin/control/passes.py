@@ -64,9 +64,12 @@ def plan_pass(
     replicas: ReplicaTable,
     excluded: Callable[[ProfileName], frozenset[NodeId]],
     limit: int | None = None,
+    keep: bool = False,
 ) -> list[tuple[ReplicaRecord, Result]]:
     """The chosen plan: each pending replica with where it goes, or why it cannot; with a
-    `limit`, only the first `limit` of `todo` in the first order are planned."""
+    `limit`, only the first `limit` of `todo` in the first order are planned. Nothing is left
+    booked, except with `keep` when every replica of the plan is placed: then its GPUs stay
+    booked, as the dry run booked them, for the caller to bind without booking again."""
     best: tuple[tuple[int, ...], list[tuple[ReplicaRecord, Result]]] | None = None
     ranks: dict[ReplicaId, int] = {}
     turns: dict[ModelName, int] = {}
@@ -82,7 +85,7 @@ def plan_pass(
     orders = ORDERS if len(todo) <= REPAIR_LIMIT else ORDERS[:1]
     for tried, order in enumerate(orders):
         ordered = sorted(todo, key=lambda r, order=order: order(r, ranks[r.id]))  # type: ignore[misc]
-        plan = _dry_run(capacity, ordered, replicas, excluded)
+        plan = _dry_run(capacity, ordered, replicas, excluded, keep)
         score = _score(plan, replicas, tried)
         if best is None or score > best[0]:
             best = (score, plan)
@@ -97,7 +100,10 @@ def _dry_run(
     todo: Sequence[ReplicaRecord],
     replicas: ReplicaTable,
     excluded: Callable[[ProfileName], frozenset[NodeId]],
+    keep: bool = False,
 ) -> list[tuple[ReplicaRecord, Result]]:
+    """Each of `todo` placed in turn, booked as it goes; the bookings are released at the end,
+    unless `keep` and every one was placed (a whole plan: no other order can beat it)."""
     demand = Demand(capacity, [Shape.of(r.profile) for r in todo])
     per_fabric: dict[ModelName, dict[FabricId, int]] = {}
     per_node: dict[ModelName, dict[NodeId, int]] = {}
@@ -106,6 +112,7 @@ def _dry_run(
     # capacity, away from the same nodes, cannot fit either (spread and room only rank where
     # it goes), and a registration storm's pending thousands are tried against it at once
     unfit: dict[tuple[Profile, frozenset[NodeId]], Unplaceable] = {}
+    whole = False
     try:
         for rec in todo:
             demand.take(Shape.of(rec.profile))
@@ -134,8 +141,9 @@ def _dry_run(
                     nodes[node] = nodes.get(node, 0) + 1
                 fabrics[result.fabric] = fabrics.get(result.fabric, 0) + 1
                 demand.placed(result.fabric, Shape.of(rec.profile))
+        whole = keep and all(isinstance(r, Placement) for _, r in plan)
     finally:
-        for _, result in plan:
+        for _, result in [] if whole else plan:
             if isinstance(result, Placement):
                 for node, gpus in zip(result.nodes, result.gpus, strict=True):
                     capacity.release(node, gpus)
