@@ -26,7 +26,7 @@ send a report). Its rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import assert_never
 
 from llmgw_twin.control import states
@@ -78,6 +78,9 @@ class LocalShard:
     reason: str | None = None
     sidecar_up: bool = False
     """In `SIDECAR`: its sidecar answers, and its engine waits for its GPUs."""
+    report: ShardReport | None = field(default=None, compare=False, repr=False)
+    """What the heartbeat says of it, made when first asked and forgotten at each `move` (its
+    argv, endpoint, exit code and reason change only together with its phase)."""
 
     def holds_gpus(self) -> bool:
         """From the engine's launch on: an exited shard's processes are stopped only when the
@@ -87,6 +90,18 @@ class LocalShard:
     def move(self, new: Phase) -> None:
         """Change phase along `states.SHARD_PHASE`; an illegal move raises."""
         self.phase = states.transition(states.SHARD_PHASE, self.phase, new)
+        self.report = None
+
+
+def _report_of(shard: LocalShard) -> ShardReport:
+    report = shard.report
+    if report is None:
+        state = _REPORTED[shard.phase]
+        report = ShardReport(
+            shard.spec, state, shard.endpoint, shard.exit_code, shard.argv, shard.reason
+        )
+        shard.report = report
+    return report
 
 
 class AgentCore:
@@ -127,11 +142,7 @@ class AgentCore:
         """The node's whole shard set; the same object until something changes, so a receiver
         can tell an unchanged heartbeat at the cost of one comparison."""
         if self._heartbeat is None:
-            reports = tuple(
-                ShardReport(s.spec, _REPORTED[s.phase], s.endpoint, s.exit_code, s.argv, s.reason)
-                for s in self.shards()
-                if s.phase in _REPORTED
-            )
+            reports = tuple(_report_of(s) for s in self.shards() if s.phase in _REPORTED)
             failed = tuple(sorted(self._failed_gpus))
             self._version += 1
             self._heartbeat = Heartbeat(

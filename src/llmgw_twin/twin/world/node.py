@@ -100,7 +100,9 @@ class SimNode:
 
     def slowed(self, ms: int) -> int:
         """`ms` of an engine's work here, at the node's pace now (rounded up)."""
-        factor = max(self.slow, default=Fraction(1))
+        if not self.slow:
+            return ms
+        factor = max(self.slow)
         return -(-ms * factor.numerator // factor.denominator)
 
     @property
