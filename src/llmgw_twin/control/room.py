@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from llmgw_twin.control.model import EngineName, FabricId, Profile
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Shape:
+class Shape(NamedTuple):
+    """A replica's shape as placement weighs it: a named tuple, made for every replica a pass
+    considers and a key of the fabric rankings (built, hashed and compared at C speed)."""
+
     engine: EngineName
     nodes: int
     gpus: int
