@@ -3,7 +3,8 @@
 The lease lives in the store and its expiry is decided by the store's clock alone, never by a
 controller's: a controller asks the store to `claim` or `renew` it, and the store answers from
 the row it holds and its own time. `Lease` is the row; `claim` and `renew` are the decisions,
-as data (the store applies them in one transaction with the row's read).
+as data (the store applies a claim in one transaction with the row's read, and a renewal as
+one conditional write of the row).
 
 Fencing is what makes a deposed leader harmless, not the lease alone: every commit a leader
 makes is conditional on the store's epoch still being its own (`Store.commit(..., epoch=E)`),
