@@ -61,6 +61,8 @@ class ControllerProcess:
         self._base_local = 0
         self._renewed_local = 0
         """Its own time at the start of its last successful renewal."""
+        self._deadline_armed = -1
+        """The generation whose step-down check is pending (`_arm_deadline`), or -1."""
 
     # --- its clock ---------------------------------------------------------------------------
 
@@ -199,12 +201,23 @@ class ControllerProcess:
         return None
 
     def _arm_deadline(self) -> None:
+        """Check the step-down deadline of the last renewal when it comes: one check pending
+        at a time, which, finding a renewal since, waits on for that one's deadline (a leader
+        renews three times a lease; a check per renewal was two timers a lease for nothing)."""
+        if self._deadline_armed == self.generation:
+            return  # (a check of an earlier generation of the process never runs)
+        self._deadline_armed = self.generation
         renewed = self._renewed_local
         wait = renewed + self.times.step_down_after_ms - self.local()
 
         def check() -> None:
-            if self._renewed_local == renewed and self.core is not None:
+            self._deadline_armed = -1
+            if self.core is None:
+                return
+            if self._renewed_local == renewed:
                 self._past_deadline()
+            else:
+                self._arm_deadline()
 
         self.later(wait, check)
 
