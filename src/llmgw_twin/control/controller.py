@@ -433,7 +433,7 @@ class Controller(ControllerViews):
             fleet.paced,
             self._moves,
             self._draining,
-            bool(self._rollout.rolling()),
+            self._rollout.rolling,
         )
         lost = fleet.health.first_lost_seen_ms()
         quiet = quiet_until(

@@ -15,55 +15,18 @@ missed wake-up would be a wrong answer (a node never found lost); an extra one c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
 
-from llmgw_twin.control.model import ModelName, NodeId, ReplicaId
+from llmgw_twin.control.model import ModelName, NodeId
 from llmgw_twin.control.moves import USERS, Moves
 from llmgw_twin.control.parts import Liveness
 from llmgw_twin.control.replicas import ReplicaTable
 
 
-@dataclass(frozen=True, slots=True)
-class Underway:
-    """What may change at any reconcile, whatever the time: while any of it is there, every
-    reconcile of the grid runs."""
-
-    pending: Mapping[ReplicaId, None]
-    unready: Mapping[ReplicaId, None]
-    adopting: set[ReplicaId]
-    dirty_replicas: set[ReplicaId]
-    dirty_models: set[ModelName]
-    dirty_nodes: set[NodeId]
-    suspects: int
-    paced: set[NodeId]
-    guard_held: bool
-    moving: bool
-    draining: Mapping[NodeId, bool]
-    """Cordoned nodes being drained: False until the node is announced empty."""
-    rolling: bool
-
-    def any(self) -> bool:
-        return bool(
-            self.pending
-            or self.unready
-            or self.adopting
-            or self.dirty_replicas
-            or self.dirty_models
-            or self.dirty_nodes
-            or self.suspects
-            or self.paced
-            or self.guard_held
-            or self.moving
-            or not all(self.draining.values())
-            or self.rolling
-        )
-
-
-def quiet_until(underway: Underway, deadlines: Iterable[int | None]) -> int | None:
-    """The earliest deadline when nothing is under way (a reconcile before it changes
-    nothing); None when something is, and every reconcile of the grid is needed."""
-    if underway.any():
+def quiet_until(busy: bool, deadlines: Iterable[int | None]) -> int | None:
+    """The earliest deadline when nothing is under way (`underway`: a reconcile before it
+    changes nothing); None when something is, and every reconcile of the grid is needed."""
+    if busy:
         return None
     return min((d for d in deadlines if d is not None), default=None)
 
@@ -83,19 +46,24 @@ def underway(
     paced: set[NodeId],
     moves: Moves,
     draining: Mapping[NodeId, bool],
-    rolling: bool,
-) -> Underway:
-    return Underway(
-        pending=replicas.pending,
-        unready=replicas.unready,
-        adopting=replicas.adopting,
-        dirty_replicas=replicas.dirty,
-        dirty_models=replicas.dirty_models,
-        dirty_nodes=dirty_nodes,
-        suspects=live.health.suspect_count,
-        paced=paced,
-        guard_held=live.guard.held,
-        moving=any(moves.busy(user) for user in USERS),
-        draining=draining,
-        rolling=rolling,
+    rolling: Callable[[], Collection[ModelName]],
+) -> bool:
+    """Whether anything is under way that may change at any reconcile, whatever the time: a
+    replica pending, not ready or adopting, work left dirty, a node suspect or paced, the
+    mass-loss guard holding, a move, a drain (a cordoned node not yet announced empty) or a
+    rollout. While it is, every reconcile of the grid runs. (Asked at every reconcile: the
+    cheapest questions first, and the first yes ends it.)"""
+    return bool(
+        replicas.pending
+        or replicas.unready
+        or replicas.adopting
+        or replicas.dirty
+        or replicas.dirty_models
+        or dirty_nodes
+        or live.health.suspect_count
+        or paced
+        or live.guard.held
+        or any(moves.busy(user) for user in USERS)
+        or not all(draining.values())
+        or rolling()
     )
