@@ -245,6 +245,15 @@ class Router:
     def models(self) -> list[ModelName]:
         return sorted(m for m, t in self._models.items() if t.order and _PREFILL not in m)
 
+    def size(self, model: ModelName) -> int:
+        """How many replicas `routes(model)` holds."""
+        table = self._models.get(model)
+        return 0 if table is None else len(table.order)
+
+    def grouped(self, model: ModelName) -> bool:
+        """Whether `model` is routed as role groups (a decode replica with a prefill one)."""
+        return model in self._grouped
+
     def routed(self) -> frozenset[ReplicaId]:
         """Every replica in the table, of every model and role (ejected ones too)."""
         return frozenset(self._model_of)

@@ -22,7 +22,7 @@ from typing import assert_never
 from llmgw_twin.control.apply import apply_step
 from llmgw_twin.control.controller import QUIET_STEP, Controller
 from llmgw_twin.control.durable import Write
-from llmgw_twin.control.model import NodeId, TraceEvent
+from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
 from llmgw_twin.control.protocol import (
     ApplyAutoscale,
     ApplyDeployment,
@@ -75,6 +75,12 @@ class ControllerShell:
         self.several = scenario.controllers > 1
         self.router = Router()
         """The controller's own router (its probe each reconcile): it follows the leader."""
+        self._probed: dict[ModelName, int] = {}
+        """Probes of each model since the leader last published an event. Its picks go round
+        the replicas it routes, and nothing a probe judges (what the router holds, what the
+        controller thinks of it) changes but by an event: once each replica was picked, the
+        probes stop until the next event (a quiet fleet's day probed 950 replicas 8,640 times).
+        A role group's model is probed every time (its prefill replicas go round per group)."""
         self.procs = [ControllerProcess(f"c{i + 1}", self) for i in range(scenario.controllers)]
         self._initialized = False
         """A leader has set the scenario's desired state up (the store holds it since)."""
@@ -162,6 +168,7 @@ class ControllerShell:
         self._last = proc
         self._last_core = core
         self.router = Router()
+        self._probed.clear()
         self._senders[proc.name] = [0] * DELIVERY_WORKERS
         now = proc.local()
         if not self._initialized:
@@ -299,6 +306,10 @@ class ControllerShell:
             return
         now = self.world.now
         for model in self.models:  # one probe request per model per reconcile
+            probed = self._probed.get(model, 0)
+            if probed and probed >= self.router.size(model) and not self.router.grouped(model):
+                continue  # each replica it routes judged since the controller last said anything
+            self._probed[model] = probed + 1
             route = self.router.pick(model, now)
             if route is not None:
                 self.checks.routed(core, now, route.replica)
@@ -361,6 +372,7 @@ class ControllerShell:
         self.trace.append(event)
         if proc is not self._last:
             return
+        self._probed.clear()  # whatever it says, the probes judge anew
         self.router.follow(event)
         if self.traffic is not None:
             self.traffic.router.follow(event)
