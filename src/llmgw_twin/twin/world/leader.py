@@ -90,7 +90,7 @@ class ControllerProcess:
         """Run `fn` after `local_delay_ms` of this process's time, if it is still the same
         process and leadership then; a timer due while stalled waits for the resume."""
         delay = max(0, local_delay_ms if self._unskewed else ceil(local_delay_ms / self._rate))
-        self.group.world.later(delay, _Timer(self, self.generation, fn))
+        self.group.world.on_timeout(delay, _Timer(self, self.generation, fn))
 
     # --- life --------------------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class _Timer:
         self.generation = generation
         self.fn = fn
 
-    def __call__(self) -> None:
+    def __call__(self, _event: object = None) -> None:
         proc = self.proc
         if self.generation != proc.generation or not proc.up:
             return

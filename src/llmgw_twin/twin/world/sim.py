@@ -90,6 +90,10 @@ class World:
         ev = self.env.timeout(delay_ms)
         ev.callbacks.append(lambda _ev: fn())
 
+    def on_timeout(self, delay_ms: int, callback: Callable[[simpy.Event], None]) -> None:
+        """`later` for a callback that takes the timeout's event (one call fewer a timer)."""
+        self.env.timeout(delay_ms).callbacks.append(callback)
+
     def send_to_controller(self, node: NodeId, msg: ControllerEvent) -> None:
         """An agent's message, delivered after the node's control latency. As the agent's own
         report queue does (`service/agent/reports.py`), a heartbeat sent while the node's last
