@@ -22,7 +22,7 @@ from typing import assert_never
 from llmgw_twin.control.apply import apply_step
 from llmgw_twin.control.controller import QUIET_STEP, Controller
 from llmgw_twin.control.durable import Write
-from llmgw_twin.control.model import ModelName, NodeId, TraceEvent
+from llmgw_twin.control.model import NodeId, TraceEvent
 from llmgw_twin.control.protocol import (
     ApplyAutoscale,
     ApplyDeployment,
@@ -39,12 +39,12 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.routing import Router
 from llmgw_twin.store.sqlite import Fenced, Store
 from llmgw_twin.twin.scenario.model import Scenario
 from llmgw_twin.twin.world.autoscale import LoadReporter
 from llmgw_twin.twin.world.checks import Invariants
 from llmgw_twin.twin.world.leader import ControllerProcess, StoreUnreachable
+from llmgw_twin.twin.world.probe import Probe
 from llmgw_twin.twin.world.reconciles import Reconciles
 from llmgw_twin.twin.world.sim import World
 from llmgw_twin.twin.world.traffic import TrafficRouter
@@ -73,14 +73,8 @@ class ControllerShell:
         self.store_down = False
         self._outages = 0
         self.several = scenario.controllers > 1
-        self.router = Router()
-        """The controller's own router (its probe each reconcile): it follows the leader."""
-        self._probed: dict[ModelName, int] = {}
-        """Probes of each model since the leader last published an event. Its picks go round
-        the replicas it routes, and nothing a probe judges (what the router holds, what the
-        controller thinks of it) changes but by an event: once each replica was picked, the
-        probes stop until the next event (a quiet fleet's day probed 950 replicas 8,640 times).
-        A role group's model is probed every time (its prefill replicas go round per group)."""
+        self.probe = Probe(self.models, self.checks)
+        """The leader's routing probe at each reconcile (`probe.py`)."""
         self.procs = [ControllerProcess(f"c{i + 1}", self) for i in range(scenario.controllers)]
         self._initialized = False
         """A leader has set the scenario's desired state up (the store holds it since)."""
@@ -167,8 +161,7 @@ class ControllerShell:
         self._last_gone = False
         self._last = proc
         self._last_core = core
-        self.router = Router()
-        self._probed.clear()
+        self.probe.reset()
         self._senders[proc.name] = [0] * DELIVERY_WORKERS
         now = proc.local()
         if not self._initialized:
@@ -304,19 +297,7 @@ class ControllerShell:
         self.step(proc, core.tick(proc.local()))
         if proc.core is None or proc is not self._last:
             return
-        now = self.world.now
-        for model in self.models:  # one probe request per model per reconcile
-            probed = self._probed.get(model, 0)
-            if probed and probed >= self.router.size(model) and not self.router.grouped(model):
-                continue  # each replica it routes judged since the controller last said anything
-            self._probed[model] = probed + 1
-            route = self.router.pick(model, now)
-            if route is not None:
-                self.checks.routed(core, now, route.replica)
-                self.router.finished(route.replica, True, now)
-                if route.prefill is not None:
-                    self.checks.routed(core, now, route.prefill.replica)
-                    self.router.finished(route.prefill.replica, True, now)
+        self.probe.run(core, self.world.now)
 
     # --- carrying out a step -----------------------------------------------------------------
 
@@ -372,8 +353,7 @@ class ControllerShell:
         self.trace.append(event)
         if proc is not self._last:
             return
-        self._probed.clear()  # whatever it says, the probes judge anew
-        self.router.follow(event)
+        self.probe.follow(event)
         if self.traffic is not None:
             self.traffic.router.follow(event)
 
