@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from helpers.controller import registration
-from helpers.live import live_server
+from helpers.live import live_controller
 from llmgw_twin.control.autoscale import AutoscalePolicy
 from llmgw_twin.control.model import NodeId, ShardReport, ShardSpec, ShardState, Timings
 from llmgw_twin.control.protocol import Heartbeat
@@ -164,7 +164,7 @@ def running_fleet(
         return create_controller_app(runtime)
 
     with (
-        live_server(build) as url,
+        live_controller(build) as url,
         httpx.Client(base_url=url, trust_env=False, timeout=10, headers=bearer(admin)) as client,
     ):
         agents.base = url
