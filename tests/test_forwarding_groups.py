@@ -26,9 +26,10 @@ from helpers.router import (
     state,
     static_feed,
 )
-from llmgw_twin.control.model import ModelName, ReplicaId, TraceEvent
+from llmgw_twin.control.model import ModelName, ReplicaId
 from llmgw_twin.control.routing import Router, RouterTimeouts
 from llmgw_twin.service.router.forwarding import REPLICA_HEADER, Forwarder
+from test_groups import join
 
 CHAT = ModelName("chat")
 
@@ -44,17 +45,7 @@ class Body:
 def group_router() -> Router:
     router = Router(outstanding_limit=4)
     for rid, role in (("chat-r1", "prefill"), ("chat-r2", "decode")):
-        router.follow(
-            TraceEvent.of(
-                0,
-                "replica.ready",
-                model="chat",
-                replica=rid,
-                endpoint=f"http://{rid}:8000",
-                group="chat-g1",
-                role=role,
-            )
-        )
+        join(router, rid, "chat-g1", role)
     return router
 
 
@@ -172,17 +163,7 @@ def test_a_prefill_replica_that_fails_is_judged_and_the_decode_pick_freed() -> N
 
 def test_a_retry_after_a_prefill_failure_takes_another_prefill_replica() -> None:
     router = group_router()
-    router.follow(
-        TraceEvent.of(
-            0,
-            "replica.ready",
-            model="chat",
-            replica="chat-r3",
-            endpoint="http://chat-r3:8000",
-            group="chat-g1",
-            role="prefill",
-        )
-    )
+    join(router, "chat-r3", "chat-g1", "prefill")
     sent: list[str] = []
 
     def handler(req: httpx.Request) -> httpx.Response:
