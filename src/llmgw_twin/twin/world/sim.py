@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import simpy
 
@@ -29,20 +30,17 @@ from llmgw_twin.twin.world.heartbeats import Heartbeats
 from llmgw_twin.twin.world.network import Network
 from llmgw_twin.twin.world.node import PEER_LOST_EXIT_CODE, SimEngine, SimNode
 
-
-@dataclass(slots=True)
-class _Outgoing:
-    msg: Heartbeat
-    sent_ms: int
-    latency_ms: int
+M = TypeVar("M", Heartbeat, Assigned)
 
 
 @dataclass(slots=True)
-class _ToAgent:
-    msg: Assigned
-    sent_ms: int
-    latency_ms: int
-    generation: int
+class _InFlight(Generic[M]):
+    """A node's last message of one kind, sent and not yet delivered (`World._send_latest`)."""
+
+    msg: M
+    match: tuple[int, ...]
+    """What a newer one must share to take its place: the instant it was sent and the path's
+    latency (an assignment: also the agent process and the leader's epoch)."""
 
 
 class World:
@@ -70,9 +68,9 @@ class World:
         self.engine_starts = 0
         self.engine_start_times: list[int] = []
         self.heartbeats = Heartbeats(self, bulk)
-        self._outgoing: dict[NodeId, _Outgoing] = {}
+        self._outgoing: dict[NodeId, _InFlight[Heartbeat]] = {}
         """Each node's last heartbeat sent and not yet delivered (`send_to_controller`)."""
-        self._to_agent: dict[NodeId, _ToAgent] = {}
+        self._to_agent: dict[NodeId, _InFlight[Assigned]] = {}
         """Each node's last assignment sent and not yet delivered (`send_to_agent`)."""
         self.on_command: Callable[[NodeId, int, int, bool], None] | None = None
         """Told of every controller command an agent process (node, incarnation) acted on or
@@ -103,24 +101,13 @@ class World:
         latency = self.network.control_latency_ms(node)
         if latency is None:
             return
-        last = self._outgoing.get(node)
         if isinstance(msg, Heartbeat):
-            now = self.now
-            if last is not None and last.sent_ms == now and last.latency_ms == latency:
-                last.msg = msg
-                return
-            out = _Outgoing(msg, now, latency)
-            self._outgoing[node] = out
-            self.later(latency, lambda: self._deliver_outgoing(node, out))
+            self._send_latest(
+                self._outgoing, node, msg, (self.now, latency), latency, self._to_controller
+            )
             return
-        if last is not None:
-            del self._outgoing[node]  # a heartbeat after this one follows it, as sent
+        self._outgoing.pop(node, None)  # a heartbeat after this one follows it, as sent
         self.later(latency, lambda: self._to_controller(msg))
-
-    def _deliver_outgoing(self, node: NodeId, out: _Outgoing) -> None:
-        if self._outgoing.get(node) is out:
-            del self._outgoing[node]
-        self._to_controller(out.msg)
 
     def send_to_agent(self, node: NodeId, msg: AgentEvent) -> None:
         """A controller's command, delivered after the node's control latency. As the
@@ -133,30 +120,41 @@ class World:
             return
         target = self.nodes[node]
         generation = target.generation
-        last = self._to_agent.get(node)
         if isinstance(msg, Assigned):
-            now = self.now
-            if (
-                last is not None
-                and last.sent_ms == now
-                and last.latency_ms == latency
-                and last.generation == generation
-                and last.msg.epoch == msg.epoch
-            ):
-                last.msg = msg
-                return
-            out = _ToAgent(msg, now, latency, generation)
-            self._to_agent[node] = out
-            self.later(latency, lambda: self._deliver_to_agent(node, out))
+
+            def deliver(latest: Assigned) -> None:
+                target.deliver(latest, generation)
+
+            match = (self.now, latency, generation, msg.epoch)  # the same leader, to the same agent
+            self._send_latest(self._to_agent, node, msg, match, latency, deliver)
             return
-        if last is not None:
-            del self._to_agent[node]  # an assignment after this one follows it, as sent
+        self._to_agent.pop(node, None)  # an assignment after this one follows it, as sent
         self.later(latency, lambda: target.deliver(msg, generation))
 
-    def _deliver_to_agent(self, node: NodeId, out: _ToAgent) -> None:
-        if self._to_agent.get(node) is out:
-            del self._to_agent[node]
-        self.nodes[node].deliver(out.msg, out.generation)
+    def _send_latest(
+        self,
+        pending: dict[NodeId, _InFlight[M]],
+        node: NodeId,
+        msg: M,
+        match: tuple[int, ...],
+        latency: int,
+        deliver: Callable[[M], None],
+    ) -> None:
+        """Send `msg`, the node's whole set of its kind, unless the node's last one of that
+        kind, still on its way, was sent with the same `match`: then it takes that one's place."""
+        last = pending.get(node)
+        if last is not None and last.match == match:
+            last.msg = msg
+            return
+        out = _InFlight(msg, match)
+        pending[node] = out
+
+        def arrive() -> None:
+            if pending.get(node) is out:
+                del pending[node]
+            deliver(out.msg)
+
+        self.later(latency, arrive)
 
     def engines(self) -> list[SimEngine]:
         return [e for n in self.nodes.values() for e in n.engines_sorted()]
