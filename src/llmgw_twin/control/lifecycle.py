@@ -42,7 +42,7 @@ from llmgw_twin.control.model import (
 )
 from llmgw_twin.control.moves import DRAIN, Move, Moves, MoveUser
 from llmgw_twin.control.parts import Books
-from llmgw_twin.control.passes import plan_pass
+from llmgw_twin.control.passes import plan_pass, whole
 from llmgw_twin.control.placement import Placement
 from llmgw_twin.control.protocol import RequestReport
 from llmgw_twin.control.replicas import ReplicaRecord
@@ -342,7 +342,7 @@ class Lifecycle:
         )
         if limit is not None:
             tried.update(rec.id for rec, _ in plan)
-        booked = all(isinstance(result, Placement) for _, result in plan)  # kept by the pass
+        booked = whole(plan)  # the pass kept its bookings
         for rec, result in plan:
             if isinstance(result, Placement):
                 self.bind(rec, result, booked)

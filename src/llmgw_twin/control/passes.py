@@ -89,10 +89,15 @@ def plan_pass(
         score = _score(plan, replicas, tried)
         if best is None or score > best[0]:
             best = (score, plan)
-        if all(isinstance(r, Placement) for _, r in plan):
+        if whole(plan):
             break  # everything fits: no order can do better
     assert best is not None
     return best[1]
+
+
+def whole(plan: Sequence[tuple[ReplicaRecord, Result]]) -> bool:
+    """Every replica of `plan` placed (what `plan_pass(keep=True)` leaves booked)."""
+    return all(isinstance(r, Placement) for _, r in plan)
 
 
 def _dry_run(
@@ -112,7 +117,7 @@ def _dry_run(
     # capacity, away from the same nodes, cannot fit either (spread and room only rank where
     # it goes), and a registration storm's pending thousands are tried against it at once
     unfit: dict[tuple[Profile, frozenset[NodeId]], Unplaceable] = {}
-    whole = False
+    kept = False
     try:
         for rec in todo:
             demand.take(Shape.of(rec.profile))
@@ -141,9 +146,9 @@ def _dry_run(
                     nodes[node] = nodes.get(node, 0) + 1
                 fabrics[result.fabric] = fabrics.get(result.fabric, 0) + 1
                 demand.placed(result.fabric, Shape.of(rec.profile))
-        whole = keep and all(isinstance(r, Placement) for _, r in plan)
+        kept = keep and whole(plan)
     finally:
-        for _, result in [] if whole else plan:
+        for _, result in [] if kept else plan:
             if isinstance(result, Placement):
                 for node, gpus in zip(result.nodes, result.gpus, strict=True):
                     capacity.release(node, gpus)
