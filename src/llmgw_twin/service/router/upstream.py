@@ -30,7 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -63,17 +63,21 @@ class _Connection(asyncio.Protocol):
         self.key = key
         self._on_idle_close = on_idle_close
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle = False
         self._reset_answer()
+        self._parser = httptools.HttpResponseParser(self)
         self._writable = asyncio.Event()
         self._writable.set()
 
     def _reset_answer(self) -> None:
         self.status = 0
         self.content_type: bytes | None = None
-        self._chunks: deque[bytes] = deque()
+        self._chunks: list[bytes] = []
+        self.on_body = self._chunks.append
+        """httptools' body callback, bound when a parser is made: each piece of the body is
+        kept as it is parsed, with no Python frame per piece (an SSE answer is one piece a
+        token); what a read brought is counted and told once the parser returns."""
         self._buffered = 0
         self._paused = False
         self._headers_done = False
@@ -96,6 +100,12 @@ class _Connection(asyncio.Protocol):
             self._fail("the replica switched protocols")
         except httptools.HttpParserError as e:
             self._fail(f"a malformed answer: {e}")
+        if self._chunks:
+            self._buffered += len(data)  # with the framing: "about" READ_BUFFER
+            if self._buffered > READ_BUFFER and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+            self._signal()
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -129,14 +139,6 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
         self._headers_done = True
-        self._signal()
-
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._buffered += len(body)
-        if self._buffered > READ_BUFFER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
         self._signal()
 
     def on_message_complete(self) -> None:
@@ -190,8 +192,8 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             await self._wait(timeout_s)
         chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()  # the same list: the parser's `on_body` appends to it
         self._buffered = 0
         if self._paused and self.transport is not None:
             self._paused = False
