@@ -94,6 +94,9 @@ class GuardedHttp(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         self._end_body()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         super().connection_lost(exc)
 
     def _begin_head(self) -> None:
@@ -102,9 +105,12 @@ class GuardedHttp(HttpToolsProtocol):
         self._arm(self.loop.time() + self.head_timeout_s)
 
     def _arm(self, deadline: float) -> None:
-        self._cancel_head_timer()
+        """The head's deadline is `deadline` (deadlines only move later). A timer already
+        pending is kept: it finds the deadline moved and waits again, so that a kept-alive
+        connection's requests do not each make and cancel one."""
         self._head_deadline = deadline
-        self._head_timer = self.loop.call_at(deadline, self._head_due)
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_at(deadline, self._head_due)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -114,16 +120,24 @@ class GuardedHttp(HttpToolsProtocol):
     def _head_due(self) -> None:
         self._head_timer = None
         if not self._in_head or self.transport.is_closing():
+            return  # no head awaited: the next one arms a timer of its own
+        now = self.loop.time()
+        if now < self._head_deadline:  # a later head's deadline
+            self._head_timer = self.loop.call_at(self._head_deadline, self._head_due)
             return
-        if self.loop.time() - self._head_deadline > LATE_S:
-            self._arm(self.loop.time() + self.head_timeout_s)  # the server was behind, not it
+        if now - self._head_deadline > LATE_S:
+            self._arm(now + self.head_timeout_s)  # the server was behind, not it
             return
         self._head_timer = self.loop.call_soon(self._head_judged)  # what arrived is read first
 
     def _head_judged(self) -> None:
         self._head_timer = None
-        if self._in_head and not self.transport.is_closing():
-            self._refuse(408, f"the request's head did not arrive within {self.head_timeout_s:g}s")
+        if not self._in_head or self.transport.is_closing():
+            return
+        if self.loop.time() < self._head_deadline:  # that head came; this is a later one's
+            self._head_timer = self.loop.call_at(self._head_deadline, self._head_due)
+            return
+        self._refuse(408, f"the request's head did not arrive within {self.head_timeout_s:g}s")
 
     # --- the body's idle deadline ---------------------------------------------------------------
 
@@ -134,10 +148,7 @@ class GuardedHttp(HttpToolsProtocol):
             self._body_timer = self.loop.call_at(self._body_deadline, self._body_due)
 
     def _end_body(self) -> None:
-        self._in_body = False
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._in_body = False  # a timer pending finds no body awaited (or the next one's)
 
     def _body_due(self) -> None:
         self._body_timer = None
@@ -180,8 +191,7 @@ class GuardedHttp(HttpToolsProtocol):
             self._begin_head()
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._cancel_head_timer()
+        self._in_head = False  # a timer pending finds no head awaited (or the next one's)
         size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
         if size > self.max_head_bytes:
             self._refused = True  # answered once the parser returns (`data_received`)
