@@ -18,6 +18,7 @@ import signal
 from typing import Any
 
 import httpx
+import pytest
 
 from helpers.router import (
     DEADLINE_S,
@@ -119,13 +120,18 @@ def test_a_stream_cut_midway_ends_with_an_error_event_and_the_next_request_goes_
         asyncio.run(go())
 
 
-def test_a_client_gone_midway_ends_the_relay_and_gives_the_replicas_slot_back() -> None:
+@pytest.mark.parametrize("listener", [True, False], ids=["services-listener", "plain-uvicorn"])
+def test_a_client_gone_midway_ends_the_relay_and_gives_the_replicas_slot_back(
+    listener: bool,
+) -> None:
     # the engine is frozen once the stream is under way, and the router would wait a minute
-    # for its next chunk: only hearing that the client left ends the relay before that
+    # for its next chunk: only hearing that the client left ends the relay before that. The
+    # services' listener tells the relay itself (`listener.Gone`); under plain uvicorn the
+    # relay waits for the disconnect in a task of its own
     patient = RouterTimeouts(connect_ms=2_000, first_byte_ms=10_000, between_chunks_ms=60_000)
     with (
         engines(50) as [(engine, url)],
-        router(settings(timeouts=patient), static_feed({"m-r1": url})) as base,
+        router(settings(timeouts=patient), static_feed({"m-r1": url}), listener=listener) as base,
     ):
 
         async def go() -> None:

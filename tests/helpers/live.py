@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import uvicorn
@@ -16,17 +17,22 @@ from helpers.services import wait_sync
 
 
 @contextmanager
-def live_server(build: Callable[[], FastAPI], within_s: float = 30) -> Iterator[str]:
+def live_server(
+    build: Callable[[], FastAPI], within_s: float = 30, options: dict[str, Any] | None = None
+) -> Iterator[str]:
     """Serve the app `build` makes until the block ends; yields its base URL,
     `http://127.0.0.1:PORT`. The app is built in the server's thread: a runtime that opens
-    SQLite must use it where it opened it."""
+    SQLite must use it where it opened it. `options`: more `uvicorn.Config` arguments (the
+    services' own listener: `listener.uvicorn_options`)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     servers: list[uvicorn.Server] = []
 
     def run() -> None:
-        config = uvicorn.Config(build(), lifespan="on", log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            build(), lifespan="on", log_level="warning", access_log=False, **(options or {})
+        )
         servers.append(uvicorn.Server(config))
         servers[0].run(sockets=[sock])
 

@@ -19,6 +19,7 @@ from helpers.engines import Engine
 from helpers.live import live_server
 from helpers.services import eventually, free_ports
 from llmgw_twin.control.routing import Ejection, RouterTimeouts
+from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, uvicorn_options
 from llmgw_twin.service.router.app import RouterRuntime, create_router_app
 from llmgw_twin.service.router.config import RouterSettings
 
@@ -109,13 +110,18 @@ def settings(**kw: Any) -> RouterSettings:
 
 
 @contextmanager
-def router(s: RouterSettings, feed: httpx.AsyncBaseTransport) -> Iterator[str]:
-    """A router app on uvicorn over loopback, following `feed`; its base URL."""
+def router(
+    s: RouterSettings, feed: httpx.AsyncBaseTransport, *, listener: bool = False
+) -> Iterator[str]:
+    """A router app on uvicorn over loopback, following `feed`; its base URL. `listener`: on
+    the services' own listener (`listener.GuardedHttp`, as `llmgw-twin router` serves), not
+    uvicorn's plain one."""
 
     def build() -> FastAPI:
         return create_router_app(RouterRuntime(s, controller_transport=feed))
 
-    with live_server(build) as url:
+    options = uvicorn_options(DEFAULT_LISTEN_LIMITS) if listener else None
+    with live_server(build, options=options) as url:
         yield url
 
 

@@ -22,12 +22,16 @@ Invariants:
 - The server's own lag is not the client's slowness: a deadline the event loop reaches late
   (the process was stalled) is set again rather than enforced, and a deadline reached on time
   is judged one turn of the loop later, after what had arrived is read.
+- An app hears of its client's connection lost without a task of its own waiting on
+  `receive`: each request's scope carries the connection's `Gone` (in the extension `GONE`),
+  whose callbacks run once, when the connection is lost (the router's streams use it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +57,37 @@ MAX_HEAD_BYTES_BOUNDS = (1 * KiB, 1024 * KiB)
 LATE_S = 0.5
 """A head deadline the event loop reaches later than this was missed by the server (a stall),
 not by the client: it is set again."""
+GONE = "llmgw.gone"
+"""The scope extension holding the connection's `Gone` (under "connection", as an extension's
+value is a dict)."""
+
+
+class Gone:
+    """What runs once a connection is lost: callbacks added by the app while it serves a
+    request on it (and discarded when it is done with them)."""
+
+    __slots__ = ("_callbacks", "lost")
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], object]] = []
+        self.lost = False
+
+    def add(self, callback: Callable[[], object]) -> None:
+        """Run `callback` once the connection is lost (at once if it already was)."""
+        if self.lost:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def discard(self, callback: Callable[[], object]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def fire(self) -> None:
+        self.lost = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +119,8 @@ class GuardedHttp(HttpToolsProtocol):
         self._in_body = False
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_deadline = 0.0
+        self._gone = Gone()
+        self._gone_extension: dict[object, object] = {"connection": self._gone}
 
     # --- the head's deadline ------------------------------------------------------------------
 
@@ -98,6 +135,7 @@ class GuardedHttp(HttpToolsProtocol):
             self._body_timer.cancel()
             self._body_timer = None
         super().connection_lost(exc)
+        self._gone.fire()
 
     def _begin_head(self) -> None:
         self._in_head = True
@@ -187,6 +225,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = {GONE: self._gone_extension}
         if not self._in_head:  # a new request on a kept-alive connection
             self._begin_head()
 

@@ -18,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from llmgw_twin.control.model import ReplicaId
+from llmgw_twin.service.common.listener import GONE, Gone
 from llmgw_twin.service.router.request_metrics import ReplicaAnswer
 from llmgw_twin.service.router.upstream import UpstreamError
 
@@ -120,16 +121,27 @@ class Relay(ReplicaAnswer, StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
-        gone = asyncio.ensure_future(_disconnect(receive))
         left = False
 
-        def went(g: asyncio.Future[None]) -> None:
+        def went() -> None:
             nonlocal left
-            if not g.cancelled() and g.exception() is None:
-                left = True
-                task.cancel()
+            left = True
+            task.cancel()
 
-        gone.add_done_callback(went)
+        # told by the listener when the client's connection is lost (`listener.Gone`); under
+        # another server, by a task of its own waiting for the disconnect
+        hook = ((scope.get("extensions") or {}).get(GONE) or {}).get("connection")
+        if isinstance(hook, Gone):
+            hook.add(went)
+        else:
+            hook = None
+            watch = asyncio.ensure_future(_disconnect(receive))
+
+            def heard(w: asyncio.Future[None]) -> None:
+                if not w.cancelled() and w.exception() is None:
+                    went()
+
+            watch.add_done_callback(heard)
         try:
             start = {"type": "http.response.start", "status": self.status_code}
             await send({**start, "headers": self.raw_headers})
@@ -139,8 +151,10 @@ class Relay(ReplicaAnswer, StreamingResponse):
                 raise
             task.uncancel()  # the client went away: the relay ends here, quietly
         finally:
-            gone.remove_done_callback(went)
-            gone.cancel()
+            if hook is not None:
+                hook.discard(went)
+            else:
+                watch.cancel()
             self._pick.finish()
             if self.watch is not None:
                 self.watch.stream_ended(cut=not self._pick.ok)
