@@ -123,6 +123,16 @@ class RequestMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=None,
         )
+        self._series: dict[tuple[Histogram, str], Histogram] = {}
+        """Each histogram's series of a model, found once (`labels` checks and locks on each
+        call); as bounded as the labels."""
+
+    def series(self, histogram: Histogram, model: str) -> Histogram:
+        key = (histogram, model)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = histogram.labels(model)
+        return found
 
     def watch(self) -> RequestWatch:
         return RequestWatch(self)
@@ -191,7 +201,8 @@ class RequestWatch:
         now = time.perf_counter()
         by_replica = isinstance(response, ReplicaAnswer)
         if by_replica:
-            self._metrics.first_byte.labels(self.model).observe(now - self._start)
+            m = self._metrics
+            m.series(m.first_byte, self.model).observe(now - self._start)
         if isinstance(response, ReplicaAnswer) and response.streamed:
             self._status = response.status_code
             response.watch = self
@@ -215,7 +226,7 @@ class RequestWatch:
         m.requests[(self.model, str(status), outcome)] += 1
         m.recent.count(self.model)
         if timed:
-            m.duration.labels(self.model).observe(now - self._start)
+            m.series(m.duration, self.model).observe(now - self._start)
 
 
 def _error_code(response: Response) -> str:
