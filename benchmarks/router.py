@@ -3,20 +3,29 @@ asked directly, side by side in one run.
 
     .venv/bin/python benchmarks/router.py [--engines 2] [--concurrency 1,8,32] [--rounds 3]
                                           [--requests 400] [--max-seconds 30] [--max-tokens 16]
+                                          [--clients 2]
 
 Started here, each a process in its own session: `--engines` sim engines (1-node replicas of
 one model, no token latency, so what is measured is the HTTP path and not the simulated
 compute) and one `llmgw-twin router`, which follows a fake controller feed served from this
 process (one snapshot naming the engines, then nothing new). For each mode (a whole answer, a
-stream) and each concurrency level, the same client sends `--requests` chat completions (each
-`--max-tokens` tokens) with that many in flight, first straight to the engines (round-robin,
-as the router spreads them), then through the router, and again, `--rounds` times in turn, so
-that what else the machine does falls on both alike; each cell is bounded by `--max-seconds`
-too. Latency is the whole answer, its last byte included; a failed request is counted, not
-timed. Prints one markdown table: the median over the rounds of p50 and p99 both ways, of what
-the router adds, of requests per second both ways and of their ratio, with the ratio's lowest
-and highest round. Everything is on 127.0.0.1, and the client,
-the router and the engines share this machine's cores.
+stream) and each concurrency level, `--requests` chat completions (each `--max-tokens`
+tokens) are sent with that many in flight straight to the engines (round-robin, as the router
+spreads them) and through the router, `--rounds` times, which goes first in turn (direct then
+router, router then direct, ...), so that what else the machine does falls on both alike; each
+cell is bounded by `--max-seconds` too.
+
+The requests in flight are spread over `--clients` client processes (at most one per request in
+flight), which begin together. One Python client (httpx) spends about a millisecond of CPU on
+each request: at 8 in flight it is busy most of a core, and its own queueing, not the router's
+work, became most of what the router seemed to cost (a p99 twice direct's, from answers that
+reach one busy client together); docs/performance.md, "The router", has both figures.
+
+Latency is the whole answer, its last byte included; a failed request is counted, not timed.
+Prints one markdown table: the median over the rounds of p50 and p99 both ways, of what the
+router adds, of requests per second both ways and of their ratio, with the ratio's lowest and
+highest round. Everything is on 127.0.0.1, and the clients, the router and the engines share
+this machine's cores.
 """
 
 from __future__ import annotations
@@ -34,8 +43,10 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -46,6 +57,9 @@ from bench_progress import step
 
 MODEL = "bench"
 START_DEADLINE_S = 60.0
+CLIENT_START_S = 0.5
+"""How long after a cell is handed out its clients begin: time for each to open its
+connections (untimed)."""
 
 
 def free_port() -> int:
@@ -147,13 +161,21 @@ class Cell:
 
 
 async def run_cell(
-    bases: list[str], concurrency: int, requests: int, max_s: float, stream: bool, tokens: int
+    bases: list[str],
+    concurrency: int,
+    requests: int,
+    max_s: float,
+    stream: bool,
+    tokens: int,
+    start_at: float | None = None,
 ) -> Cell:
+    """One client's cell: `requests` requests, `concurrency` in flight. `start_at`: the
+    `time.monotonic()` (one clock for every process here) at which the timed requests begin,
+    once the connections are open, so that clients in other processes begin with it."""
     cell = Cell()
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(trust_env=False, timeout=60, limits=limits) as client:
         next_i = 0
-        deadline = time.perf_counter() + max_s
 
         async def one(i: int) -> None:
             body = {
@@ -187,9 +209,61 @@ async def run_cell(
         await asyncio.gather(*(one(-1 - i) for i in range(concurrency)))
         cell.latencies_s.clear()
         cell.failed = 0
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        deadline = time.perf_counter() + max_s
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         cell.wall_s = time.perf_counter() - started
+    return cell
+
+
+def client_cell(
+    bases: list[str],
+    concurrency: int,
+    requests: int,
+    max_s: float,
+    stream: bool,
+    tokens: int,
+    start_at: float,
+) -> tuple[list[float], int, float]:
+    """`run_cell` in a client process of its own: its latencies, failures and end."""
+    cell = asyncio.run(run_cell(bases, concurrency, requests, max_s, stream, tokens, start_at))
+    return cell.latencies_s, cell.failed, time.monotonic()
+
+
+def split(total: int, parts: int) -> list[int]:
+    """`total` in `parts` shares differing by at most one."""
+    return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+
+
+def measure(
+    pool: ProcessPoolExecutor,
+    clients: int,
+    bases: list[str],
+    level: int,
+    requests: int,
+    max_s: float,
+    stream: bool,
+    tokens: int,
+) -> Cell:
+    """One cell: `level` requests in flight spread over up to `clients` client processes
+    (as many as there are requests in flight), beginning together; latencies of all, rate over
+    the wall time from the common start to the last client's end."""
+    k = max(1, min(clients, level))
+    start_at = time.monotonic() + CLIENT_START_S
+    futures = [
+        pool.submit(client_cell, bases, c, n, max_s, stream, tokens, start_at)
+        for c, n in zip(split(level, k), split(requests, k), strict=True)
+    ]
+    cell = Cell()
+    ends = []
+    for f in futures:
+        latencies, failed, end = f.result()
+        cell.latencies_s += latencies
+        cell.failed += failed
+        ends.append(end)
+    cell.wall_s = max(ends) - start_at
     return cell
 
 
@@ -223,12 +297,18 @@ def main() -> int:
     p.add_argument("--max-seconds", type=float, default=30.0)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clients", type=int, default=2)
     args = p.parse_args()
+    if args.clients < 1:
+        p.error("--clients: at least 1")
     if args.rounds < 1:
         p.error("--rounds: at least 1")
     levels = [int(x) for x in args.concurrency.split(",")]
 
-    with tempfile.TemporaryDirectory(prefix="router-bench-") as tmp:
+    with (
+        ProcessPoolExecutor(args.clients, mp_context=get_context("spawn")) as pool,
+        tempfile.TemporaryDirectory(prefix="router-bench-") as tmp,
+    ):
         procs = Procs(Path(tmp))
         feed: ThreadingHTTPServer | None = None
         try:
@@ -264,7 +344,8 @@ def main() -> int:
                 f"{args.engines} sim engines, "
                 f"{args.max_tokens} tokens per answer, "
                 f"{args.requests} requests per cell (at most {args.max_seconds:g} s), "
-                f"{args.rounds} rounds of direct then router, medians\n"
+                f"{args.rounds} rounds of both, which goes first in turn, medians; "
+                f"in flight spread over up to {args.clients} client processes\n"
             )
             print(
                 "| answer | in flight | direct p50 / p99 | router p50 / p99 | added p50 / p99 "
@@ -275,22 +356,26 @@ def main() -> int:
                 for level in levels:
                     mode = "stream" if stream else "whole"
                     rounds: list[tuple[Cell, Cell]] = []
+                    targets = {"direct": engines, "the router": [router]}
                     for n in range(args.rounds):
-                        step(f"{mode}, {level} in flight, round {n + 1}: direct, then the router")
-                        d, r = (
-                            asyncio.run(
-                                run_cell(
-                                    bases,
-                                    level,
-                                    args.requests,
-                                    args.max_seconds,
-                                    stream,
-                                    args.max_tokens,
-                                )
+                        # in turn which goes first, so that a machine slowing down or speeding
+                        # up over a round falls on both alike
+                        names = ["direct", "the router"][:: 1 if n % 2 == 0 else -1]
+                        step(f"{mode}, {level} in flight, round {n + 1}: {' then '.join(names)}")
+                        cells = {
+                            name: measure(
+                                pool,
+                                args.clients,
+                                targets[name],
+                                level,
+                                args.requests,
+                                args.max_seconds,
+                                stream,
+                                args.max_tokens,
                             )
-                            for bases in (engines, [router])
-                        )
-                        rounds.append((d, r))
+                            for name in names
+                        }
+                        rounds.append((cells["direct"], cells["the router"]))
                     print(row(mode, level, rounds), flush=True)
         finally:
             procs.close()
