@@ -87,7 +87,10 @@ BENCHES: tuple[Bench, ...] = (
     ),
     Bench(
         "router",
-        ("benchmarks/router.py", "--concurrency", "1,8", "--requests", "400", "--rounds", "3"),
+        (
+            "benchmarks/router.py",
+            *("--concurrency", "1,8", "--requests", "400", "--rounds", "3", "--clients", "2"),
+        ),
         600,
     ),
     Bench(
