@@ -5,7 +5,8 @@ sent), on a loop whose time only moves when the test moves it, so that what each
 judges is checked at exact instants: a head's deadline runs from the first byte of that
 request, on a kept-alive connection too, whatever timer an earlier request left pending; a
 head that stops coming is answered 408 at its own deadline; a body that stops coming closes
-the connection at its idle deadline, counted from its last byte.
+the connection at its idle deadline, counted from its last byte; and an app hears that its
+client's connection was lost through the scope (`GONE`), with no task of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from llmgw_twin.service.common.listener import ListenLimits, protocol_for
+from llmgw_twin.service.common.listener import GONE, Gone, ListenLimits, protocol_for
 
 HEAD_S = 4.0
 IDLE_S = 20.0
@@ -116,8 +117,12 @@ class Transport:
         return [int(line.split(b" ")[1]) for line in lines if line.startswith(b"HTTP/1.1 ")]
 
 
+SCOPES: list[dict[str, Any]] = []
+
+
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers at once, reading no body (the listener still waits for it: its idle deadline)."""
+    SCOPES.append(scope)
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -203,3 +208,23 @@ def test_a_body_that_stops_coming_closes_the_connection_at_its_idle_deadline() -
     clock.advance(35.0)
     assert transport.closing
     assert transport.answers() == [200, 200]
+
+
+def test_an_app_hears_its_connection_lost_through_the_scope() -> None:
+    _, _, protocol = connect()
+    SCOPES.clear()
+    protocol.data_received(REQUEST + REQUEST)
+    assert len(SCOPES) == 2
+    gone = SCOPES[0]["extensions"][GONE]["connection"]
+    assert isinstance(gone, Gone)
+    assert SCOPES[1]["extensions"][GONE]["connection"] is gone  # one per connection
+    heard: list[str] = []
+    gone.add(lambda: heard.append("kept"))
+    dropped = lambda: heard.append("discarded")  # noqa: E731
+    gone.add(dropped)
+    gone.discard(dropped)
+    assert heard == []
+    protocol.connection_lost(None)
+    assert heard == ["kept"]
+    gone.add(lambda: heard.append("late"))  # added once lost: run at once
+    assert heard == ["kept", "late"]

@@ -225,7 +225,11 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {GONE: self._gone_extension}
+        extensions = self.scope.get("extensions")
+        if extensions is None:
+            self.scope["extensions"] = {GONE: self._gone_extension}
+        else:  # a server that names extensions of its own: kept
+            extensions[GONE] = self._gone_extension
         if not self._in_head:  # a new request on a kept-alive connection
             self._begin_head()
 
