@@ -33,11 +33,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from fractions import Fraction
 
 from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import ModelName, ProfileName, ReplicaId, ReplicaState, ShardKey
+from llmgw_twin.control.model import ModelName, ProfileName, ReplicaId, ReplicaState
 from llmgw_twin.control.routing import Route, Router, RouterTimeouts
 from llmgw_twin.control.routing_feed import snapshot_of
 from llmgw_twin.engines.perf.model import Served
@@ -46,7 +45,8 @@ from llmgw_twin.twin.scenario.model import Scenario, Traffic
 from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.world.checks import Invariants
 from llmgw_twin.twin.world.latency import Latencies, Sample
-from llmgw_twin.twin.world.node import SimEngine, SimNode
+from llmgw_twin.twin.world.node import SimEngine
+from llmgw_twin.twin.world.reach import Answer, Engines, broken, reach
 from llmgw_twin.twin.world.serving import ModelServing
 from llmgw_twin.twin.world.sim import World
 
@@ -58,13 +58,6 @@ TOKEN_MS = 2
 
 HOLD_POLL_MS = 250
 """How often requests held for a model at zero replicas look for a replica."""
-
-
-class Answer(Enum):
-    OK = "ok"
-    REFUSED = "refused"  # nothing listens: the leader's process is gone
-    UNREACHABLE = "unreachable"  # the node is off or cut off: the connect times out
-    STALLED = "stalled"  # accepted, never answered
 
 
 @dataclass(slots=True)
@@ -88,9 +81,6 @@ class Counts:
             "retried": self.retried,
             "ejections": ejections,
         }
-
-
-_Engines = tuple[tuple[SimNode, int, SimEngine], ...]
 
 
 @dataclass(slots=True)
@@ -270,7 +260,7 @@ class TrafficRouter:
         def complete() -> None:
             if pending.done:
                 return  # its connection closed before: failed then
-            if _broken(engines, self.world):  # it went silent: the client waits it out
+            if broken(engines, self.world):  # it went silent: the client waits it out
                 self.world.later(max(self.timeouts.first_byte_ms - done_ms, 0), give_up)
                 return
             self._settle(pending)
@@ -313,7 +303,7 @@ class TrafficRouter:
         self.world.later(delay, failed)
 
     def _batched(
-        self, pending: _Pending, engines: _Engines, profile: ProfileName, died: bool
+        self, pending: _Pending, engines: Engines, profile: ProfileName, died: bool
     ) -> None:
         """An accepted request served by its replica's batch (`serving.py`)."""
         assert self.serving is not None
@@ -321,7 +311,7 @@ class TrafficRouter:
         slow = max(max(node.slow, default=Fraction(1)) for node, _, _ in engines)
 
         def answered(served: Served) -> None:
-            if pending.done or _broken(engines, self.world):
+            if pending.done or broken(engines, self.world):
                 return  # failed already, or silent since: the first-byte timeout ends it
             self._settle(pending)
             self._finished(traffic.model, rid, True)
@@ -352,7 +342,7 @@ class TrafficRouter:
             if not pending.done:
                 serving.cancel(rid, key)
                 self._settle(pending)
-                self._failed(traffic, req, rid, pending.retry, _broken(engines, self.world))
+                self._failed(traffic, req, rid, pending.retry, broken(engines, self.world))
 
         self.world.later(self.timeouts.first_byte_ms, too_slow)
 
@@ -437,25 +427,8 @@ class TrafficRouter:
             return
         self.checks.routed(core, now, rid)
 
-    def _reach(self, rid: ReplicaId) -> tuple[_Engines, Answer]:
-        rec = self._core().replica(rid)
-        if rec is None or not rec.specs:
-            return (), Answer.REFUSED
-        leader_node = self.world.nodes[rec.specs[0].node]
-        if not leader_node.up or self.world.network.control_latency_ms(leader_node.name) is None:
-            return (), Answer.UNREACHABLE
-        engines: list[tuple[SimNode, int, SimEngine]] = []
-        for spec in rec.specs:
-            node = self.world.nodes[spec.node]
-            engine = node.engines.get(ShardKey(rid, spec.rank))
-            if not node.up:
-                return (), Answer.STALLED  # a worker powered off: the leader's collective hangs
-            if engine is None or engine.stopped or (spec.rank == 0 and not engine.serving):
-                return (), Answer.REFUSED  # the leader is gone, or fails its peer at once
-            if engine.hung:
-                return (), Answer.STALLED
-            engines.append((node, node.generation, engine))
-        return tuple(engines), Answer.OK
+    def _reach(self, rid: ReplicaId) -> tuple[Engines, Answer]:
+        return reach(self.world, self._core().replica(rid))
 
     # --- the report ----------------------------------------------------------------------------
 
@@ -467,12 +440,3 @@ class TrafficRouter:
             return None
         arrivals = {m: c.arrivals for m, c in self.counts.items()}
         return self.latencies.report(arrivals, self._end_ms, self._slos)
-
-
-def _broken(engines: _Engines, world: World) -> bool:
-    """Whether a replica that accepted a request went silent since (its node powered off or cut
-    off, an engine hung); engines that died with their connections closed were told apart."""
-    for node, generation, engine in engines:
-        if not (node.up and node.generation == generation) or engine.stopped or engine.hung:
-            return True
-    return world.network.control_latency_ms(engines[0][0].name) is None
