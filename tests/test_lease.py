@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw_twin.control.agent import AgentCore
-from llmgw_twin.control.durable import PutSeq, Write
+from llmgw_twin.control.durable import PutClock, PutSeq, Write
 from llmgw_twin.control.failures import FailureBook
 from llmgw_twin.control.lease import Lease, LeaseTimes, claim, renew
 from llmgw_twin.control.model import EngineName, FabricId, ModelName, NodeId, NodeInfo
@@ -90,15 +90,21 @@ def test_a_deposed_leaders_commit_is_refused_and_writes_nothing(tmp_path: Path) 
         one = first.claim_lease("c1", 0, LEASE_MS)
         assert one is not None
         first.commit([PutSeq(ModelName("m"), 1)], epoch=one.epoch)
+        first.commit([PutClock(5)], epoch=one.epoch)  # a quiet leader's lone write: one statement
         assert second.claim_lease("c2", LEASE_MS - 1, LEASE_MS) is None
         two = second.claim_lease("c2", LEASE_MS, LEASE_MS)
         assert two is not None and two.epoch == one.epoch + 1
         with pytest.raises(Fenced):
             first.commit([PutSeq(ModelName("m"), 9)], epoch=one.epoch)
         with pytest.raises(Fenced):
+            first.commit([PutClock(9)], epoch=one.epoch)
+        with pytest.raises(Fenced):
             first.renew_lease("c1", one.epoch, LEASE_MS + 1, LEASE_MS)
         second.commit([PutSeq(ModelName("m"), 2)], epoch=two.epoch)
         assert dict(first.load().seqs) == {ModelName("m"): 2}
+        assert first.load().clock_ms == 5
+        second.commit([PutClock(7)], epoch=two.epoch)
+        assert first.load().clock_ms == 7
 
 
 def test_an_agent_refuses_a_command_of_an_older_epoch() -> None:

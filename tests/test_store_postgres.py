@@ -17,7 +17,7 @@ import pytest
 from helpers.postgres import fresh_database, postgres_server
 from helpers.services import FAST
 from helpers.store_batches import batches
-from llmgw_twin.control.durable import PutSeq
+from llmgw_twin.control.durable import PutClock, PutSeq
 from llmgw_twin.control.model import EngineName, ModelName, Profile, ProfileName, TraceEvent
 from llmgw_twin.control.protocol import ApplyProfile
 from llmgw_twin.service.controller.app import ControllerRuntime
@@ -68,14 +68,20 @@ def test_two_controllers_share_the_lease_and_the_deposed_one_is_fenced(url: str)
         assert one is not None and one.epoch == 1
         assert second.claim_lease("c2", now + 1, 15_000) is None  # live: c1 keeps it
         first.commit([PutSeq(ModelName("m"), 1)], epoch=1)
+        first.commit([PutClock(5)], epoch=1)  # a quiet leader's lone write: one statement
         two = second.claim_lease("c2", now + 15_000, 15_000)
         assert two is not None and two.epoch == 2
         with pytest.raises(Fenced):
             first.commit([PutSeq(ModelName("m"), 7)], epoch=1)
         with pytest.raises(Fenced):
+            first.commit([PutClock(9)], epoch=1)
+        with pytest.raises(Fenced):
             first.renew_lease("c1", 1, now + 15_001, 15_000)
         second.commit([PutSeq(ModelName("m"), 2)], epoch=2)
         assert dict(first.load().seqs) == {ModelName("m"): 2}
+        assert first.load().clock_ms == 5
+        second.commit([PutClock(7)], epoch=2)
+        assert first.load().clock_ms == 7
 
 
 def test_the_event_log_numbers_on_across_a_change_of_leader(url: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from llmgw_twin import codec
 from llmgw_twin.control.durable import (
     DurableState,
+    PutClock,
     QuarantineRow,
     ReplicaRow,
     Write,
@@ -120,6 +121,11 @@ class SqlStore(ABC):
             if epoch is not None:
                 self._fence(self._lease_row(), epoch)
             return
+        if epoch is not None and not events and len(batch) == 1:
+            match batch[0]:
+                case PutClock(now_ms=t):
+                    self._put_clock(t, epoch)
+                    return
 
         def work() -> None:
             if epoch is not None:
@@ -134,6 +140,21 @@ class SqlStore(ABC):
                 apply_write(self._exec, w)
 
         self._transaction(work)
+
+    def _put_clock(self, now_ms: int, epoch: int) -> None:
+        """A quiet leader's one write, once a heartbeat interval: the clock, fenced in the same
+        statement (the lease row read, locked where the dialect locks rows, and the clock written
+        only while it is in `epoch`), as a renewal is: a transaction around the fence's read and
+        the write was most of a quiet twin day's store time."""
+        lock = self._locked(share=True)
+        done = self._exec(
+            "INSERT INTO clock SELECT 0, ? WHERE EXISTS "  # noqa: S608
+            f"(SELECT 1 FROM lease WHERE id = 0 AND epoch = ?{lock}) "
+            "ON CONFLICT (id) DO UPDATE SET now_ms = excluded.now_ms",
+            (now_ms, epoch),
+        )
+        if done.rowcount != 1:
+            raise Fenced(f"{self.path}: the lease is no longer in epoch {epoch}")
 
     def _fence(self, held: Lease | None, epoch: int) -> None:
         if held is None or held.epoch != epoch:
