@@ -424,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     doc = replace_block(doc, "goals", render_goals(judged, at_commit, block(doc, "goals")))
     if not args.dry_run:
         DOC.write_text(doc)
+    for goal, measured, met in judged:  # the verdicts, written or not (`--dry-run`)
+        if met is not None:
+            verdict = "met" if met else "MISSED"
+            print(f"{verdict:>6}  {goal.name}: {measured} (limit: {goal.limit})")
     failed = [r.bench.name for r in runs.values() if not r.ok]
     missed = [(g, m) for g, m, met in judged if met is False]
     for name in failed:
