@@ -15,7 +15,8 @@ replica whose every shard is reported present (no engine restarted, routable aga
 serving); a replica short of a shard is failed, reaped and replaced, never ready in between;
 shards no replica claims are stopped. A known node's silence is counted from the last time a
 controller heard it (the store keeps that), not from the restart, and nothing is placed on it
-until it is heard from. The faults this meets are described in docs/faults.md.
+until it is heard from (`control/restart.py`). The faults this meets are described in
+docs/faults.md.
 
 Invariants kept: a replica's shards are all in one fabric (placement never returns otherwise);
 a GPU is booked for at most one live replica; a replica leaves `ready` the moment the controller
@@ -32,21 +33,11 @@ from llmgw_twin.control.answers import FirstJudgement
 from llmgw_twin.control.autoscale import Autoscaler, LoadSample
 from llmgw_twin.control.defrag import Defragmenter
 from llmgw_twin.control.drain import Drainer
-from llmgw_twin.control.durable import (
-    DeleteQuarantine,
-    DurableState,
-    PutClock,
-    PutSilence,
-)
+from llmgw_twin.control.durable import DeleteQuarantine, DurableState, PutClock
 from llmgw_twin.control.lifecycle import Lifecycle
-from llmgw_twin.control.model import (
-    NodeId,
-    NodeInfo,
-    NodeState,
-    ReplicaState,
-    Timings,
-)
+from llmgw_twin.control.model import NodeId, NodeState, Timings
 from llmgw_twin.control.moves import Moves
+from llmgw_twin.control.node_inputs import QUIET_STEP, NodeInputs
 from llmgw_twin.control.nodes import NodeRegistry
 from llmgw_twin.control.operator import Operator
 from llmgw_twin.control.parts import Books, Liveness
@@ -69,22 +60,22 @@ from llmgw_twin.control.protocol import (
     RequestReport,
     Step,
 )
-from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.reports import ShardReports
+from llmgw_twin.control.restart import Restart
 from llmgw_twin.control.rollout import Rollout
 from llmgw_twin.control.views import ControllerViews
 from llmgw_twin.control.wake import on_grid_at_or_after, quiet_until, underway
 
-QUIET_STEP = Step()
-"""What a heartbeat that changes nothing but its node's last-seen time returns: the same empty
-step every time, so a shell can tell it at the cost of one identity test."""
+__all__ = ["QUIET_STEP", "Controller"]
 
 
 class Controller(ControllerViews):
     """The controller core, composed of parts that own their state: the node registry (health,
     the mass-loss guard), the capacity index, the replica table, the node assignments, the
     failure book, the outbox, and the replica lifecycle that works on them. What is left here is
-    the routing of inputs, the reading of shard reports, restore and adoption."""
+    the routing of inputs and the reconcile pass; a node's registrations and heartbeats are
+    taken by `NodeInputs` (`control/node_inputs.py`), restore and adoption are `Restart`'s
+    (`control/restart.py`)."""
 
     def __init__(self, timings: Timings, restored: DurableState | None = None) -> None:
         self.timings = timings
@@ -119,6 +110,8 @@ class Controller(ControllerViews):
             self._drain,
             self._rollout,
         )
+        self._nodes = NodeInputs(books, self._fleet, self._reports, self._life)
+        self._restart = Restart(books, self._fleet, self._life, self._drain, self._rollout)
         self._autoscaler = Autoscaler()
         self._clock_written_ms: int | None = None
         self._quiet_until_ms: int | None = None
@@ -128,24 +121,6 @@ class Controller(ControllerViews):
         self._started_reported = True  # start() arms the controller.started report
         self._first = FirstJudgement(timings)
         """Nothing is judged before the agents asked at the start could answer."""
-        self._restored_count = 0
-        self._adopted_count = 0
-
-    def _heartbeat_fits(self, info: NodeInfo, interval_ms: int) -> None:
-        """A node registering with a heartbeat interval not shorter than `node_suspect_after`
-        would turn suspect between its heartbeats: said, each time it registers so."""
-        suspect = self.timings.node_suspect_after_ms
-        if interval_ms < suspect:
-            return
-        self._out.emit(
-            "node.heartbeat_too_slow",
-            node=info.node,
-            fabric=info.fabric,
-            heartbeat_interval_ms=interval_ms,
-            reason=f"the agent heartbeats every {interval_ms} ms, not less than this "
-            f"controller's node_suspect_after of {suspect} ms: the node will turn suspect "
-            "between heartbeats; set the agent's heartbeat_interval below it",
-        )
 
     # --- bulk heartbeats: a shell that accounts for quiet heartbeats itself (the twin) --------
 
@@ -196,44 +171,12 @@ class Controller(ControllerViews):
     def _handle(self, event: ControllerEvent, now_ms: int) -> Step:
         self._out.now_ms = now_ms
         match event:
-            case NodeRegistered(info=info, shards=shards, incarnation=incarnation):
-                if info.node in self._fleet.infos and self._fleet.stale(
-                    info.node, incarnation, event.version
-                ):
-                    self._fleet.hear(info.node, now_ms)  # late: alive, its report outdated
-                    return self._out.flush()
-                self._fleet.took(info.node, incarnation, event.version)
-                before = self._fleet.incarnations.get(info.node)
-                last_seen = self._fleet.health.last_seen_ms(info.node)
-                self._fleet.register(info, now_ms, incarnation)
-                self._heartbeat_fits(info, event.heartbeat_interval_ms)
-                self._fleet.link(info.node, event.fabric_up)
-                self._fleet.gpus_failed(info.node, event.failed_gpus)
-                # a new agent with nothing running: the node booted again, empty
-                rebooted = before is not None and before != incarnation and not shards
-                self._reports.observe(info.node, shards, rebooted)
-                if rebooted and last_seen is not None:
-                    self._life.timers.forgive(info.node, last_seen, f"node {info.node} rebooted")
-            case Heartbeat(node=node, shards=shards):
-                if node not in self._fleet.infos:
-                    # unknown here (registered while this controller was down, say)
-                    return Step(commands=(RequestReport(node),))
-                if 0 < event.incarnation < self._fleet.incarnations.get(node, 0):
-                    return QUIET_STEP  # sent by an agent process since replaced: stale
-                if self._fleet.stale(node, event.incarnation, event.version):
-                    # delayed past a newer report of the same process: it says the node is
-                    # alive, never what it runs (a late report never undoes a newer one)
-                    self._fleet.hear(node, now_ms)
-                    return self._out.flush()
-                self._fleet.took(node, event.incarnation, event.version)
-                if self._fleet.hear_quiet(
-                    node, now_ms, event.fabric_up, event.failed_gpus
-                ) and self._assignments.unchanged(node, shards):
-                    return QUIET_STEP  # the usual heartbeat: nothing else to record or decide
-                self._fleet.hear(node, now_ms)
-                self._fleet.link(node, event.fabric_up)
-                self._fleet.gpus_failed(node, event.failed_gpus)
-                self._reports.observe(node, shards)
+            case NodeRegistered():
+                self._nodes.registered(event, now_ms)
+            case Heartbeat():
+                answer = self._nodes.heartbeat(event, now_ms)
+                if answer is not None:
+                    return answer  # a report request, or `QUIET_STEP`
             case (
                 ApplyProfile()
                 | ApplyDeployment()
@@ -293,7 +236,7 @@ class Controller(ControllerViews):
         self._started_reported = False
         commands: list[ControllerCommand] = []
         if self._restored is not None:
-            self._restore(self._restored, now_ms)
+            self._restart.restore(self._restored, now_ms)
             commands = [RequestReport(n) for n in sorted(self._fleet.infos)]
             lost = NodeState.LOST
             asked = [n for n in self._fleet.infos if self._fleet.health.state(n) is not lost]
@@ -308,53 +251,6 @@ class Controller(ControllerViews):
     def awaiting_answers(self) -> list[NodeId]:
         """The nodes asked at the start whose answers the first judgement still waits for."""
         return self._first.unanswered(self._fleet.heard_nodes)
-
-    def _restore(self, state: DurableState, now_ms: int) -> None:
-        self._profiles.update({p.name: p for p in state.profiles})
-        for dep in state.deployments:
-            self._deployments[dep.model] = dep
-            self._replicas.track_model(dep.model)
-        self._replicas.seqs.update(state.seqs)
-        silent = dict(state.silent)
-        # silence is counted from the last time a controller heard the node (or, if it was not
-        # marked silent, from the last time a controller ran): restarts never reset it
-        clock = min(state.clock_ms, now_ms) if state.clock_ms > 0 else now_ms
-        seen = {n.node: min(silent.get(n.node, clock), now_ms) for n in state.nodes}
-        for info in state.nodes:
-            self._fleet.infos[info.node] = info
-            self._capacity.add_node(info)  # not schedulable until heard from
-            self._assignments.track(info.node)
-        lost_after = self.timings.node_lost_after_ms
-        placed_on = {spec.node for row in state.replicas for spec in row.specs}
-        for node in sorted(seen, key=lambda n: (seen[n], n)):
-            # silent past the lost window while a controller still ran: declared lost then
-            # (a node that still holds a replica was not: its loss was held or paced, since
-            # the step declaring a loss deletes every replica on the node)
-            was_lost = (
-                node in silent and clock - silent[node] >= lost_after and node not in placed_on
-            )
-            self._fleet.health.restore(node, seen[node], was_lost)
-            if silent.get(node) != seen[node]:
-                self._out.write(PutSilence(node, seen[node]))
-            self._fleet.silence_marked.add(node)
-        for node, gpu in state.failed_gpus:
-            if self._capacity.has_node(node):
-                self._capacity.fail_gpu(node, gpu)
-        self._failures.restore(state.quarantines)
-        self._failures.restore_history(state.model_failures, state.node_failures)
-        self._drain.restore(state.cordons)
-        for row in state.replicas:
-            profile = self._profiles[row.profile]
-            rec = ReplicaRecord(row.id, row.model, profile, row.seq, row.created_ms)
-            rec.state, rec.fabric, rec.specs = ReplicaState.ADOPTING, row.fabric, row.specs
-            rec.layout_shards = row.shard_count
-            rec.group, rec.role = row.group, row.specs[0].role if row.specs else ""
-            self._replicas.add(rec)
-            for spec in row.specs:
-                self._capacity.book(spec.node, spec.gpus)
-                self._assignments.restore(spec)
-        self._restored_count = len(state.replicas)
-        self._rollout.restore()
 
     def tick(self, now_ms: int) -> Step:
         """One reconcile pass over what changed since the last one."""
@@ -377,15 +273,13 @@ class Controller(ControllerViews):
             self._out.write(DeleteQuarantine(q.node, q.profile))
             self._out.emit("node.unquarantined", node=q.node, profile=q.profile, reason="expired")
             self._life.placement_may_fit()
-        for rid in sorted(self._replicas.adopting):
-            if rid in self._replicas.adopting:  # a failure earlier in this pass may have reaped it
-                self._try_adopt(self._replicas[rid])
+        self._restart.adopt()
         if not self._started_reported:
             self._started_reported = True
             self._out.emit(
                 "controller.started",
-                adopted=self._adopted_count,
-                restored=self._restored_count,
+                adopted=self._restart.adopted_count,
+                restored=self._restart.restored_count,
             )
         self._life.timers.run()
         dirty = self._replicas.dirty
@@ -461,42 +355,3 @@ class Controller(ControllerViews):
             due += interval * (1 + (now_ms - due) // interval)
         self._due_ms = due
         return due
-
-    # --- adoption ----------------------------------------------------------------------------
-
-    def _try_adopt(self, rec: ReplicaRecord) -> None:
-        """Decide a restored replica once every node it was placed on has spoken."""
-        adopting = self._replicas.adopting
-        if not rec.state.live:
-            adopting.discard(rec.id)
-            return
-        lost = [s.node for s in rec.specs if self._fleet.health.state(s.node) is NodeState.LOST]
-        if lost:
-            self._life.fail(rec, f"node {lost[0]} lost", lost[0])
-            return
-        if any(spec.node not in self._fleet.heard_nodes for spec in rec.specs):
-            return  # wait: an unheard node is declared lost after its silence, failing this
-        adopting.discard(rec.id)
-        missing = [s for s in rec.specs if s.rank not in rec.reports]
-        if missing or len(rec.specs) != rec.shard_count:
-            where = ", ".join(f"{s.rank} on {s.node}" for s in missing)
-            node = missing[0].node if missing else None
-            self._life.fail(rec, f"short of shard {where} after restart", node)
-            return
-        ready = rec.whole()
-        rec.move(ReplicaState.READY if ready else ReplicaState.STARTING)
-        rec.endpoint = rec.reports[0].endpoint if ready else None
-        if not ready:
-            self._life.timers.watch_start(rec)
-        self._replicas.dirty_models.add(rec.model)  # counted again, if it was not
-        self._adopted_count += 1
-        self._out.emit(
-            "replica.adopted",
-            model=rec.model,
-            replica=rec.id,
-            fabric=rec.fabric,
-            nodes=rec.nodes,
-            ready=ready,
-            endpoint=rec.routed_endpoint,
-            **rec.tags,
-        )

@@ -6,10 +6,12 @@ replica lives goes with the durable write that records it (`PutSeq` before an id
 `PutReplica` on bind, `DeleteReplica` on reap), so the store always says where every live
 replica is. Every state change goes through `ReplicaRecord.move` (the table in `states.py`).
 
-Its timers are data, in a part of their own (`timers.Timers`, a heap the controller's tick
-drains): each placed replica's start deadline, each degraded replica's grace, each backed-off
-replacement's earliest placement. Failures feed the `FailureBook`, whose back-off, quarantines and
-not-heard-since nodes shape every later placement.
+Placing the pending set and binding each placement is a part of its own (`placer.Placer`,
+reached through `place_if_due` and `bind`). Its timers are data, in a part of their own
+(`timers.Timers`, a heap the controller's tick drains): each placed replica's start deadline,
+each degraded replica's grace, each backed-off replacement's earliest placement. Failures feed
+the `FailureBook`, whose back-off, quarantines and not-heard-since nodes shape every later
+placement.
 
 Invariants: a failed replica is reaped in the same call (its GPUs freed, its shards dropped from
 every node's assignment); a replica leaves the router's view the moment it fails, degrades or
@@ -20,17 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from llmgw_twin.control.durable import (
-    DeleteReplica,
-    PutReplica,
-    PutSeq,
-    ReplicaRow,
-)
+from llmgw_twin.control.durable import DeleteReplica, PutSeq
 from llmgw_twin.control.groups import Groups
 from llmgw_twin.control.model import (
-    RENDEZVOUS_PORT_BASE,
     Deployment,
-    EngineName,
     FabricId,
     ModelName,
     NodeId,
@@ -38,12 +33,11 @@ from llmgw_twin.control.model import (
     ProfileName,
     ReplicaId,
     ReplicaState,
-    ShardSpec,
 )
 from llmgw_twin.control.moves import DRAIN, Move, Moves, MoveUser
 from llmgw_twin.control.parts import Books
-from llmgw_twin.control.passes import plan_pass, whole
 from llmgw_twin.control.placement import Placement
+from llmgw_twin.control.placer import Placer
 from llmgw_twin.control.protocol import RequestReport
 from llmgw_twin.control.replicas import ReplicaRecord
 from llmgw_twin.control.slices import Slices
@@ -76,14 +70,14 @@ class Lifecycle:
         """Whether a live replica counts toward its deployment (`parts.Liveness.counts`)."""
         self.draining = draining
         """The operator is draining this node (`drain.Drainer`): its replicas go first."""
-        self._placement_due = False
-        """Something changed that may let a pending replica fit (capacity or a new replica)."""
         self.timers = Timers(books, self.fail, self.placement_may_fit)
         """Start deadlines, degraded graces and back-offs, as data; and what each does when due."""
         self.slices = Slices()
         """What one reconcile may create, retire and place (`control/slices.py`)."""
         self.groups = Groups(self)
         """The role groups of deployments with roles (`control/groups.py`)."""
+        self.placer = Placer(books, moves, self.timers, self.slices, self.groups)
+        """The pending set's placement and each replica's bind (`control/placer.py`)."""
 
     def reconcile_replica(self, rid: ReplicaId) -> None:
         rec = self.replicas[rid]
@@ -144,7 +138,7 @@ class Lifecycle:
         reason = f"moved to {copy.id}" + (f" ({why})" if why else "")
         self.reap(self.replicas[move.original], reason)
         if self.moves.ended(move):
-            self._placement_due = True
+            self.placer.due = True
 
     def fail(
         self,
@@ -203,7 +197,7 @@ class Lifecycle:
             self.assignments.drop(spec)
             self.capacity.release(spec.node, spec.gpus)
         if rec.placed:
-            self._placement_due = True
+            self.placer.due = True
             self.out.write(DeleteReplica(rec.id))
         self.out.emit(
             "replica.reaped",
@@ -215,7 +209,7 @@ class Lifecycle:
         )
         broken, freed = self.moves.gone(rec, scaled_down)
         if freed:
-            self._placement_due = True
+            self.placer.due = True
         for b in broken:
             m = b.move
             self.out.emit(
@@ -299,120 +293,27 @@ class Lifecycle:
         self.out.write(PutSeq(model, seq))
         rec = ReplicaRecord(rid, model, profile, seq, self.out.now_ms)
         self.replicas.add(rec)
-        self._placement_due = True  # a new replica is a reason to try placing
+        self.placer.due = True  # a new replica is a reason to try placing
         return rec
+
+    # --- placement, a part of its own (`control/placer.py`) -----------------------------------
 
     def placement_may_fit(self) -> None:
         """Something changed that may let a pending replica fit (capacity, a node heard, a
         quarantine lifted): the next reconcile places the pending set."""
-        self._placement_due = True
+        self.placer.due = True
 
     def place_if_due(self) -> bool:
-        """Place the pending set if something changed since the last reconcile that may let a
-        replica fit, or go on with a round of slices; returns whether it was tried. A reason is
-        spent when a round starts (one given during a round starts another after it)."""
-        slices = self.slices
-        if not (self.replicas.pending and (self._placement_due or slices.in_round())):
-            slices.tried.clear()
-            self._placement_due = False
-            return False
-        if not slices.in_round():
-            self._placement_due = False
-        self.place_pending()
-        return True
+        """Place the pending set if a reason to was given (`Placer.place_if_due`)."""
+        return self.placer.place_if_due()
 
     def place_pending(self) -> None:
-        """Place the pending set at once (`passes.plan_pass`): the largest replicas first, each
-        where it leaves the most room for the rest; model names only break the last ties. A set
-        larger than a slice goes a slice a reconcile (`control/slices.py`)."""
-        now = self.out.now_ms
-        tried = self.slices.tried
-        todo = []
-        grouped = []
-        for rid in self.replicas.pending:
-            r = self.replicas[rid]
-            if r.group:
-                grouped.append(r)  # placed group by group, in and out of back-off alike
-            elif r.not_before_ms <= now and rid not in tried:
-                todo.append(r)
-        self.capacity.stability.advance(now)
-        limit = self.slices.placing(len(todo))
-        plan = plan_pass(
-            self.capacity, todo, self.replicas, self.failures.excluded, limit, keep=True
-        )
-        if limit is not None:
-            tried.update(rec.id for rec, _ in plan)
-        booked = whole(plan)  # the pass kept its bookings
-        for rec, result in plan:
-            if isinstance(result, Placement):
-                self.bind(rec, result, booked)
-            elif result.reason != rec.unplaceable_reason and not self.moves.making_room_for(rec.id):
-                # (while moves make its room, its reason only says the room is held: not news)
-                rec.unplaceable_reason = result.reason
-                self.out.emit(
-                    "replica.unplaceable", model=rec.model, replica=rec.id, reason=result.reason
-                )
-        if grouped:
-            self.groups.place(grouped)
+        """Place the pending set at once (`Placer.place_pending`)."""
+        self.placer.place_pending()
 
     def bind(self, rec: ReplicaRecord, placement: Placement, booked: bool = False) -> None:
-        """Give `rec` its place: shards, assignments, the store's row; its GPUs booked (already,
-        with `booked`: a placement pass that kept its whole plan's bookings)."""
-        profile = rec.profile
-        specs = tuple(
-            ShardSpec(
-                replica=rec.id,
-                model=rec.model,
-                profile=profile.name,
-                engine=EngineName(profile.engine),
-                model_path=profile.model,
-                rank=rank,
-                shard_count=profile.nodes,
-                node=node,
-                gpus=gpus,
-                leader=placement.nodes[0],
-                nodes=placement.nodes,
-                rendezvous_port=RENDEZVOUS_PORT_BASE + placement.gpus[0][0],
-                rank_ports=tuple(RENDEZVOUS_PORT_BASE + g[0] for g in placement.gpus),
-                load_time_ms=profile.load_time_ms,
-                args=profile.args,
-                role=rec.role,
-            )
-            for rank, (node, gpus) in enumerate(zip(placement.nodes, placement.gpus, strict=True))
-        )
-        for spec in specs:
-            if not booked:
-                self.capacity.book(spec.node, spec.gpus)
-            self.assignments.add(spec)
-        rec.specs = specs
-        rec.fabric = placement.fabric
-        rec.move(ReplicaState.PLACED)
-        rec.unplaceable_reason = None
-        self.replicas.placed(rec)
-        self.timers.watch_start(rec)
-        self.out.write(
-            PutReplica(
-                ReplicaRow(
-                    rec.id,
-                    rec.model,
-                    profile.name,
-                    rec.seq,
-                    rec.created_ms,
-                    placement.fabric,
-                    rec.shard_count,
-                    specs,
-                    rec.group,
-                )
-            )
-        )
-        self.out.emit(
-            "replica.placed",
-            model=rec.model,
-            replica=rec.id,
-            fabric=placement.fabric,
-            nodes=placement.nodes,
-            **rec.tags,
-        )
+        """Give `rec` its place (`Placer.bind`)."""
+        self.placer.bind(rec, placement, booked)
 
     # --- readiness both ways -----------------------------------------------------------------
 
