@@ -8,7 +8,8 @@ the sidecar answers `GET /health`; `EngineStarted` with the argv run; `EngineSer
 misses, `EngineServing` or `EngineJoined` again on an answer): a leader through its sidecar, a
 worker by its process's state (a stopped process answers nothing); `EngineExited` with the process's
 code, or with one of `launcher`'s codes and the reason when the engine never ran or the agent
-stopped it.
+stopped it. The runner starts and stops; what runs as a shard's task in between (its sidecar
+awaited, its engine watched and probed) is `shard_watch.ShardWatch`'s.
 
 Invariants:
 - A shard's command line is checked (its program, the launch policy: `launcher.checked_launch`)
@@ -45,38 +46,38 @@ import httpx
 
 from llmgw_twin.control.agent import LocalShard
 from llmgw_twin.control.model import RENDEZVOUS_PORT_BASE, ShardKey, ShardSpec
-from llmgw_twin.control.protocol import (
-    AgentEvent,
-    EngineExited,
-    EngineJoined,
-    EngineServing,
-    EngineStarted,
-    EngineUnresponsive,
-    ShardStopped,
-    SidecarUp,
-)
+from llmgw_twin.control.protocol import AgentEvent, EngineExited, EngineStarted, ShardStopped
 from llmgw_twin.service.agent.config import AgentSettings
 from llmgw_twin.service.agent.launcher import (
     EXIT_NO_PORT,
-    EXIT_NOT_READY,
-    EXIT_SIDECAR_FAILED,
     EXIT_SPAWN_FAILED,
     Refusal,
     checked_launch,
     probe_for,
     sidecar_argv,
 )
-from llmgw_twin.service.agent.processes import (
-    ExitWatch,
-    PortPool,
-    peek_exit,
-    spawn,
-    start_ticks,
-    stop_group,
-    stopped,
-)
+from llmgw_twin.service.agent.processes import PortPool, spawn, start_ticks, stop_group
 from llmgw_twin.service.agent.runstate import Keeper, ShardProcs
+from llmgw_twin.service.agent.shard_watch import (
+    POLL_S,
+    PROBE_FAILURES,
+    SIDECAR_HOST,
+    WATCH_S,
+    ShardWatch,
+)
 from llmgw_twin.units import MAX_GPUS_PER_NODE
+
+__all__ = [
+    "ENGINE_PEER_PORTS",
+    "HISTORY_KEPT",
+    "POLL_S",
+    "PROBE_FAILURES",
+    "REASON_CHARS",
+    "SIDECAR_HOST",
+    "WATCH_S",
+    "Happened",
+    "ShardRunner",
+]
 
 log = logging.getLogger("llmgw_twin.agent")
 
@@ -84,20 +85,9 @@ ENGINE_PEER_PORTS = range(RENDEZVOUS_PORT_BASE, RENDEZVOUS_PORT_BASE + MAX_GPUS_
 """The rendezvous and rank ports the controller gives a node's leaders and ranks (29500 plus
 the first GPU's index, on the engine host): never handed out as a sidecar's or an HTTP port, or
 a leader's HTTP port could take the rendezvous port its own replica binds next."""
-POLL_S = 0.05
-"""Sidecar start polling."""
-WATCH_S = 0.1
-"""Readiness polling; an engine's exit wakes the watch at once (`ExitWatch`)."""
-PROBE_FAILURES = 1
-"""Consecutive failed probes (each bounded by the client's 2 s timeout) that make a leader
-`unresponsive`; one answer makes it `serving` again. One, as the twin models it (a leader that
-misses its probe is out of routing until it answers; the controller fails it only after
-`unresponsive_grace`)."""
 HISTORY_KEPT = 1000
 REASON_CHARS = 1000
 """A reason sent to the controller is cut to this length (the wire takes up to 4096)."""
-SIDECAR_HOST = "127.0.0.1"
-"""Where sidecars listen (`launcher.sidecar_argv`): one of the addresses a port must be free on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +178,7 @@ class ShardRunner:
         loop = asyncio.get_running_loop()
         for procs in self._procs.values():
             if procs.adopted and procs.task is None:
-                procs.task = loop.create_task(self._watch(procs))
+                procs.task = loop.create_task(self._watcher(procs).watch_engine())
         self._save()
 
     def _save(self, raising: bool = False) -> None:
@@ -219,7 +209,7 @@ class ShardRunner:
         procs.sidecar_argv, procs.sidecar_ticks = argv, start_ticks(procs.sidecar.pid)
         self._save()
         self._note("sidecar-started", spec, procs.sidecar.pid, " ".join(argv))
-        procs.task = asyncio.get_running_loop().create_task(self._await_sidecar(procs))
+        procs.task = asyncio.get_running_loop().create_task(self._watcher(procs).await_sidecar())
 
     def start_engine(self, spec: ShardSpec) -> None:
         procs = self._procs.get(spec.key)
@@ -242,7 +232,7 @@ class ShardRunner:
         self._note("engine-started", spec, procs.engine.pid, " ".join(argv))
         loop = asyncio.get_running_loop()
         loop.call_soon(self._feed, EngineStarted(spec.key, argv))
-        procs.task = loop.create_task(self._watch(procs))
+        procs.task = loop.create_task(self._watcher(procs).watch_engine())
 
     def stop(self, key: ShardKey, token: int = 0) -> None:
         """Stop the shard's processes; `ShardStopped` with `token` follows once they ended."""
@@ -343,115 +333,11 @@ class ShardRunner:
         self._save()
         self._feed(EngineExited(spec.key, exit_code, _reason(message)))
 
-    async def _await_sidecar(self, procs: ShardProcs) -> None:
-        assert procs.sidecar is not None and self._client is not None
-        url = f"http://{SIDECAR_HOST}:{procs.sidecar_port}/health"
-        deadline = time.monotonic() + self.settings.sidecar_timeout_ms / 1000
-        while True:
-            code = peek_exit(procs.sidecar)
-            if code is not None:
-                await self._fail(procs, f"sidecar exited with code {code}", EXIT_SIDECAR_FAILED)
-                return
-            try:
-                if (await self._client.get(url)).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass  # not listening yet
-            if time.monotonic() >= deadline:
-                timeout_ms = self.settings.sidecar_timeout_ms
-                await self._fail(
-                    procs, f"sidecar not up within {timeout_ms} ms", EXIT_SIDECAR_FAILED
-                )
-                return
-            await asyncio.sleep(POLL_S)
-        self._note("sidecar-up", procs.spec, procs.sidecar.pid)
-        self._feed(SidecarUp(procs.spec.key))
-
-    async def _engine_up(self, procs: ShardProcs) -> bool:
-        """Ask the sidecar whether the engine is ready (one bounded request)."""
-        assert self._client is not None
-        try:
-            reply = await self._client.get(f"http://{SIDECAR_HOST}:{procs.sidecar_port}/engine")
-            return reply.status_code == 200 and reply.json().get("up") is True
-        except (httpx.HTTPError, ValueError):
-            return False
-
-    async def _answers(self, procs: ShardProcs) -> bool:
-        """A ready rank's probe: a leader through its sidecar, a worker (or a rank that opens
-        no port) by its process's state: it answers its leader, not the agent, and a stopped
-        one stalls its leader; a port a worker serves its leader on is left alone."""
-        assert procs.engine is not None and procs.probe is not None
-        if procs.probe.by_process or procs.spec.rank > 0:
-            return not stopped(procs.engine.pid)
-        return await self._engine_up(procs)
-
-    async def _watch(self, procs: ShardProcs) -> None:
-        assert procs.engine is not None
-        exits = ExitWatch(procs.engine)
-        try:
-            await self._watch_until_done(procs, exits)
-        finally:
-            exits.close()
-
-    async def _watch_until_done(self, procs: ShardProcs, exits: ExitWatch) -> None:
-        assert procs.engine is not None and procs.probe is not None and procs.sidecar is not None
-        spec, settings = procs.spec, self.settings
-        started = time.monotonic()
-        if procs.engine_started_ms is not None:  # an adopted engine's time goes on
-            started -= max(0, time.time_ns() // 1_000_000 - procs.engine_started_ms) / 1000
-        ready = procs.ready  # an adopted leader that was serving is probed at once
-        next_probe = 0.0
-        failures = 0
-        while True:
-            code = peek_exit(procs.engine)
-            if code is not None:
-                self._note("engine-exited", spec, procs.engine.pid, f"exit code {code}")
-                why = "an adopted engine ended; its status is unknown" if procs.adopted else None
-                self._feed(EngineExited(spec.key, code, why))
-                return
-            if not ready:
-                elapsed_ms = (time.monotonic() - started) * 1000
-                if peek_exit(procs.sidecar) is not None:
-                    await self._fail(
-                        procs, "sidecar died before the engine was ready", EXIT_SIDECAR_FAILED
-                    )
-                    return
-                if procs.probe.by_process:
-                    ready = elapsed_ms >= settings.worker_settle_ms
-                else:
-                    ready = await self._engine_up(procs)
-                if ready:
-                    self._note("engine-ready", spec, procs.engine.pid)
-                    event = self._ready_event(procs)
-                    procs.ready = True
-                    procs.endpoint = event.endpoint if isinstance(event, EngineServing) else None
-                    self._save()
-                    self._feed(event)
-                    next_probe = time.monotonic() + settings.probe_interval_ms / 1000
-                elif elapsed_ms >= settings.ready_timeout_ms:
-                    message = f"engine not ready within {settings.ready_timeout_ms} ms"
-                    await self._fail(procs, message, EXIT_NOT_READY)
-                    return
-            elif time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + settings.probe_interval_ms / 1000
-                if await self._answers(procs):
-                    if failures >= PROBE_FAILURES:
-                        self._note("engine-answers", spec, procs.engine.pid)
-                        self._feed(self._ready_event(procs))
-                    failures = 0
-                else:
-                    failures += 1
-                    if failures == PROBE_FAILURES:
-                        self._note("engine-unresponsive", spec, procs.engine.pid)
-                        self._feed(EngineUnresponsive(spec.key))
-            await exits.wait(WATCH_S)
-
-    def _ready_event(self, procs: ShardProcs) -> AgentEvent:
-        spec = procs.spec
-        if spec.rank == 0:
-            endpoint = procs.endpoint or f"http://{self.settings.engine_host}:{procs.engine_port}"
-            return EngineServing(spec.key, endpoint)
-        return EngineJoined(spec.key)
+    def _watcher(self, procs: ShardProcs) -> ShardWatch:
+        """The shard's watch (`shard_watch.py`), for the task that runs it."""
+        return ShardWatch(
+            procs, self.settings, self._client, self._feed, self._note, self._save, self._fail
+        )
 
     async def _stop(self, procs: ShardProcs, token: int) -> None:
         grace_s = self.settings.stop_grace_ms / 1000
