@@ -5,10 +5,11 @@ its own loopback address (127.A.B.N, with A.B drawn from the run's pid: its engi
 so no two nodes' engines contend for a port, in one run or in two at once), its own port range
 (leased for the run: no other run on the machine uses it, `ports.py`), and a pair of cuttable
 proxies that carry all of its traffic with the controller, one per direction: a partition cuts
-them. The engines' peer traffic within a fabric goes through proxies of its own (`fabric.py`),
-which a `fabric_down` cuts. Every process is started in a new session (its own process group),
-never through a shell, and `stop_all` ends every group this cluster started (and still runs this
-project's code, stopped ones too: SIGKILL ends a stopped process), then checks that none is left.
+them (each node's wiring and power: `nodes.py`). The engines' peer traffic within a fabric goes
+through proxies of its own (`fabric.py`), which a `fabric_down` cuts. Every process is started
+in a new session (its own process group), never through a shell, and `stop_all` ends every group
+this cluster started (and still runs this project's code, stopped ones too: SIGKILL ends a
+stopped process), then checks that none is left.
 
 The cluster runs with credentials, as production does: the controller's config lists the hash
 of an admin token the cluster made, and each node is onboarded through the admin API
@@ -24,7 +25,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,56 +32,22 @@ import httpx
 import yaml
 
 from llmgw_twin.control.model import NodeId
-from llmgw_twin.realmode.configs import AgentWiring, agent_config, controller_config
+from llmgw_twin.realmode.configs import controller_config
 from llmgw_twin.realmode.controllers import RealControllers, controller_names, store_faults
 from llmgw_twin.realmode.fabric import RealFabrics
+from llmgw_twin.realmode.nodes import STOP_GRACE_S, NodeProcs, node_address, wire_node
 from llmgw_twin.realmode.pgstore import RealPostgres
 from llmgw_twin.realmode.ports import lease_ports
 from llmgw_twin.realmode.procs import alive_after as _alive_after
-from llmgw_twin.realmode.procs import children_groups
 from llmgw_twin.realmode.procs import killpg as _killpg
 from llmgw_twin.realmode.procs import ours as _ours
-from llmgw_twin.realmode.proxy import CuttableProxy
-from llmgw_twin.service.agent.fakesysfs import fabric_prefix_for, fail_gpu, write_sysfs_root
+from llmgw_twin.service.agent.fakesysfs import fail_gpu
 from llmgw_twin.service.common.auth import CredentialFile, new_token, token_hash
 from llmgw_twin.twin.scenario.model import Scenario
 
+__all__ = ["STARTUP_DEADLINE_S", "STOP_GRACE_S", "NodeProcs", "RealCluster", "node_address"]
+
 STARTUP_DEADLINE_S = 30.0
-STOP_GRACE_S = 10.0
-
-
-def node_address(run_slot: int, index: int) -> str:
-    """Node i's own loopback address in a run's block: 127.(10 + slot/250).(slot%250).(i+1)."""
-    if not 0 <= index < 254:
-        raise ValueError("real mode runs at most 254 nodes on one machine")
-    return f"127.{10 + run_slot // 250 % 200}.{run_slot % 250}.{index + 1}"
-
-
-@dataclass
-class NodeProcs:
-    name: NodeId
-    index: int
-    config: Path
-    agent_port: int
-    to_controller: CuttableProxy
-    to_agent: CuttableProxy
-    proc: subprocess.Popen[bytes] | None = None
-    groups: set[int] = field(default_factory=set)
-    """Every process group this node's agent was seen running (its own and its shards')."""
-    frozen: set[int] = field(default_factory=set)
-    """The groups of a powered-off node: stopped (SIGSTOP), sockets still open, until the node
-    boots again or the run ends."""
-    to_others: list[CuttableProxy] = field(default_factory=list)
-    """Its links to the controllers after c1 (c2, c3, ...: `controllers.py`)."""
-
-    def cut(self) -> None:
-        """A partition: every link of the node with the controllers, both ways."""
-        for proxy in (self.to_controller, self.to_agent, *self.to_others):
-            proxy.cut()
-
-    def heal(self) -> None:
-        for proxy in (self.to_controller, self.to_agent, *self.to_others):
-            proxy.heal()
 
 
 class RealCluster:
@@ -188,42 +154,8 @@ class RealCluster:
         # the agents' launch policy: the models the scenario's profiles name, and nothing else
         models = sorted({p.model for p in self.scenario.profiles if p.engine != "sim"})
         for i, info in enumerate(every):
-            root = roots[info.node]
-            write_sysfs_root(
-                root, gpus=info.gpus, fabric_prefix=fabric_prefix_for(info.fabric), node=info.node
-            )
-            first, last = self.ports.range_of(i)
-            agent_port, last = last, last - 1  # the agent's own, the rest its shards'
-            to_controller = CuttableProxy("127.0.0.1", self.controller_port)
-            to_agent = CuttableProxy("127.0.0.1", agent_port)
-            await to_controller.start()
-            await to_agent.start()
-            others = [CuttableProxy("127.0.0.1", int(u.rsplit(":", 1)[1])) for u in self._others()]
-            for proxy in others:
-                await proxy.start()
-            engines = {e: engine_binaries[e] for e in info.engines if e in engine_binaries}
-            config = agent_config(
-                self.scenario,
-                info,
-                AgentWiring(
-                    controller=f"http://127.0.0.1:{to_controller.port}",
-                    controllers=[f"http://127.0.0.1:{p.port}" for p in others],
-                    port=agent_port,
-                    advertise=f"http://127.0.0.1:{to_agent.port}",
-                    ports=(first, last),
-                    address=addresses[info.node],
-                    peers=self.fabrics.peer_addresses(info.node),
-                ),
-                root,
-                self.workdir,
-                self._credential_path(info.node),
-                engines,
-                models,
-            )
-            path = self.workdir / f"agent-{info.node}.yaml"
-            path.write_text(yaml.safe_dump(config, sort_keys=True))
-            self.nodes[info.node] = NodeProcs(
-                info.node, i, path, agent_port, to_controller, to_agent, to_others=others
+            self.nodes[info.node] = await wire_node(
+                self, i, info, roots[info.node], addresses[info.node], engine_binaries, models
             )
 
     def _others(self) -> list[str]:
@@ -311,7 +243,7 @@ class RealCluster:
     def start_agent(self, node: NodeId, not_before_ns: int | None = None) -> None:
         """The node's agent process; with `not_before_ns`, as `start_controller`."""
         n = self.nodes[node]
-        self._thaw_dead(n)
+        n.thaw_dead()
         args = ["agent", "--config", str(n.config)]
         if not_before_ns is not None:
             args += ["--not-before", str(not_before_ns)]
@@ -364,45 +296,12 @@ class RealCluster:
         return groups
 
     def kill_node(self, node: NodeId) -> None:
-        """Power off: the agent and every engine and sidecar it started stop at once and say
-        nothing more, but, as with a machine that lost power, no socket of theirs is closed
-        (SIGSTOP, not SIGKILL): a peer engine on another node does not notice, and the node's
-        loss is found by the controller's heartbeat timeout, as in the twin. The agent is frozen
-        first, so it cannot start anything between the reading of its children and theirs;
-        its children are found in /proc by parent, not by asking it. The frozen groups are
-        killed when the node boots again or the run ends."""
-        n = self.nodes[node]
-        if n.proc is None:
-            return
-        n.frozen |= self._freeze(n.proc.pid)
-        n.proc = None
+        """Power off: every process of the node stops, its sockets open (`NodeProcs.power_off`)."""
+        self.nodes[node].power_off(self.started_groups)
 
     def crash_node(self, node: NodeId) -> None:
-        """Crash: every process of the node dies at once (SIGKILL), so the kernel closes their
-        sockets and a peer engine on another node sees its connection end."""
-        n = self.nodes[node]
-        if n.proc is None:
-            return
-        for pgid in sorted(self._freeze(n.proc.pid)):
-            _killpg(pgid, signal.SIGKILL)
-        n.proc.wait(timeout=STOP_GRACE_S)
-        n.proc = None
-
-    def _freeze(self, agent_pid: int) -> set[int]:
-        """Stop the agent first (it can start nothing more), then every process group of its
-        children (found in /proc by parent); returns the groups, all stopped."""
-        _killpg(agent_pid, signal.SIGSTOP)
-        groups = {agent_pid, *children_groups(agent_pid)}
-        self.started_groups |= groups
-        for pgid in sorted(groups):
-            _killpg(pgid, signal.SIGSTOP)
-        return groups
-
-    def _thaw_dead(self, n: NodeProcs) -> None:
-        """End a powered-off node's frozen processes for good (SIGKILL works on stopped ones)."""
-        for pgid in sorted(n.frozen):
-            _killpg(pgid, signal.SIGKILL)
-        n.frozen.clear()
+        """Crash: every process of the node dies at once (`NodeProcs.crash`)."""
+        self.nodes[node].crash(self.started_groups)
 
     def fail_gpu(self, node: NodeId, gpu: int) -> None:
         """The GPU falls off the bus: the node's root shows it so from now on, across reboots."""
@@ -424,7 +323,7 @@ class RealCluster:
         """End everything this cluster started; returns the groups still alive after (none)."""
         for node in sorted(self.nodes):
             self.remember_groups(node)
-            self._thaw_dead(self.nodes[node])
+            self.nodes[node].thaw_dead()
         for pgid in sorted(self.hung):  # a stopped engine would sit out its agent's stop grace
             if _ours(pgid):
                 _killpg(pgid, signal.SIGKILL)

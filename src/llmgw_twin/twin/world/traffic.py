@@ -16,7 +16,8 @@ at once when the engine's connections closed (its process died, its node crashed
 stopped), at the first-byte timeout when the replica went silent (power off, a hang, a cut).
 Answers are read whole before the client gets a byte (the router buffers a non-streamed answer),
 so a failed first attempt is retried once on another replica. The outcome of every attempt goes
-back to the routing core (passive ejection).
+back to the routing core (passive ejection). An accepted attempt is `inflight.py`'s until it is
+answered or fails.
 
 Requests are counted by model and by arrival: sent, served, failed, and failed in flight (the
 request was accepted by a replica that then died under it, and it still failed).
@@ -33,28 +34,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from llmgw_twin.control.controller import Controller
-from llmgw_twin.control.model import ModelName, ProfileName, ReplicaId, ReplicaState
+from llmgw_twin.control.model import ModelName, ReplicaId, ReplicaState
 from llmgw_twin.control.routing import Route, Router, RouterTimeouts
 from llmgw_twin.control.routing_feed import snapshot_of
-from llmgw_twin.engines.perf.model import Served
 from llmgw_twin.twin.scenario.arrivals import Arrival, arrivals
 from llmgw_twin.twin.scenario.model import Scenario, Traffic
 from llmgw_twin.twin.scenario.workload_model import SloExpectation
 from llmgw_twin.twin.world.checks import Invariants
-from llmgw_twin.twin.world.latency import Latencies, Sample
-from llmgw_twin.twin.world.node import SimEngine
-from llmgw_twin.twin.world.reach import Answer, Engines, broken, reach
+from llmgw_twin.twin.world.inflight import FIRST_TOKEN_MS, TOKEN_MS, InFlight, Pending
+from llmgw_twin.twin.world.latency import Latencies
+from llmgw_twin.twin.world.reach import Answer, Engines, reach
 from llmgw_twin.twin.world.serving import ModelServing
 from llmgw_twin.twin.world.sim import World
 
-FIRST_TOKEN_MS = 20
-"""The sim engine's time to the first token, in the twin."""
-TOKEN_MS = 2
-"""And per token after it."""
-
+__all__ = ["FIRST_TOKEN_MS", "HOLD_POLL_MS", "TOKEN_MS", "Counts", "TrafficRouter"]
 
 HOLD_POLL_MS = 250
 """How often requests held for a model at zero replicas look for a replica."""
@@ -83,17 +78,6 @@ class Counts:
         }
 
 
-@dataclass(slots=True)
-class _Pending:
-    """An attempt a replica accepted."""
-
-    traffic: Traffic
-    req: Arrival
-    replica: ReplicaId
-    retry: bool  # a failure may still be retried
-    done: bool = False
-
-
 class TrafficRouter:
     """The router process, the clients, and the requests' counts."""
 
@@ -118,9 +102,6 @@ class TrafficRouter:
         self._zero_models = frozenset(p.model for p in scenario.autoscale if p.scale_to_zero)
         """Models that may scale to zero: a request finding no replica is held, not failed."""
         self._held: dict[ModelName, list[tuple[Traffic, Arrival, int]]] = {}
-        self._inflight: dict[ReplicaId, list[_Pending]] = {}
-        """Requests a replica has accepted and not answered yet."""
-        world.on_engine_stopped = self.engine_stopped
         perf = {m.profile: m.perf for m in scenario.engine_model}
         self.serving = ModelServing(world, perf) if perf else None
         opted_in = (
@@ -131,6 +112,17 @@ class TrafficRouter:
         self._slos = tuple(e for e in scenario.expectations if isinstance(e, SloExpectation))
         self.latencies: Latencies | None = Latencies() if opted_in else None
         """Every served request's times, when the scenario uses the workload additions."""
+        self.inflight = InFlight(
+            world,
+            self.timeouts,
+            self.serving,
+            self.latencies,
+            self._finished,
+            self._failed,
+            self._rejected,
+        )
+        """Requests a replica has accepted and not answered yet."""
+        world.on_engine_stopped = self.inflight.engine_stopped
         # the traffic's own random streams, from the scenario's seed (as real mode's clients):
         # the world's stream is never drawn from, so traffic changes no other draw
         seed = f"{scenario.seed}"
@@ -237,44 +229,13 @@ class TrafficRouter:
         if answer is not Answer.OK:
             self._fail_later(answer, lambda: self._failed(traffic, req, route.replica, retry, died))
             return
-        pending = _Pending(traffic, req, route.replica, retry)
-        self._inflight.setdefault(route.replica, []).append(pending)
+        pending = Pending(traffic, req, route.replica, retry)
+        self.inflight.add(pending)
         rec = self._core().replica(route.replica)
         if self.serving is not None and rec is not None and self.serving.serves(rec.profile.name):
-            self._batched(pending, engines, rec.profile.name, died)
+            self.inflight.batched(pending, engines, rec.profile.name, died)
             return
-        # a replica runs at the pace of its slowest node (`slow_node`): a straggler's answer
-        # later than the client's first-byte budget is given up on then (not a replica that died)
-        work_ms = FIRST_TOKEN_MS + TOKEN_MS * max(req.output_tokens - 1, 0)
-        done_ms = max(node.slowed(work_ms) for node, _, _ in engines)
-        if done_ms > self.timeouts.first_byte_ms:
-
-            def too_slow() -> None:
-                if not pending.done:
-                    self._settle(pending)
-                    self._failed(traffic, req, route.replica, retry, False)
-
-            self.world.later(self.timeouts.first_byte_ms, too_slow)
-            return
-
-        def complete() -> None:
-            if pending.done:
-                return  # its connection closed before: failed then
-            if broken(engines, self.world):  # it went silent: the client waits it out
-                self.world.later(max(self.timeouts.first_byte_ms - done_ms, 0), give_up)
-                return
-            self._settle(pending)
-            self._finished(traffic.model, route.replica, True)
-            if self.latencies is not None:
-                first_ms = max(node.slowed(FIRST_TOKEN_MS) for node, _, _ in engines)
-                self._record(traffic, req, now + first_ms, now + done_ms, 0, req.output_tokens)
-
-        def give_up() -> None:
-            if not pending.done:
-                self._settle(pending)
-                self._failed(traffic, req, route.replica, retry, True)
-
-        self.world.later(done_ms, complete)
+        self.inflight.fixed(pending, engines)
 
     def _prefilled(
         self, traffic: Traffic, req: Arrival, route: Route, retry: bool, died: bool
@@ -302,94 +263,6 @@ class TrafficRouter:
         }[answer]
         self.world.later(delay, failed)
 
-    def _batched(
-        self, pending: _Pending, engines: Engines, profile: ProfileName, died: bool
-    ) -> None:
-        """An accepted request served by its replica's batch (`serving.py`)."""
-        assert self.serving is not None
-        traffic, req, rid = pending.traffic, pending.req, pending.replica
-        slow = max(max(node.slow, default=Fraction(1)) for node, _, _ in engines)
-
-        def answered(served: Served) -> None:
-            if pending.done or broken(engines, self.world):
-                return  # failed already, or silent since: the first-byte timeout ends it
-            self._settle(pending)
-            self._finished(traffic.model, rid, True)
-            if self.latencies is not None:
-                self.latencies.add(
-                    traffic.model,
-                    Sample(
-                        req.at_ms,
-                        served.first_token_us - req.at_ms * 1000,
-                        served.done_us - req.at_ms * 1000,
-                        served.queued_us,
-                        served.tbt_us,
-                    ),
-                )
-
-        key = self.serving.submit(rid, profile, slow, req.input_tokens, req.output_tokens, answered)
-        if key is None:  # it can never fit the cache: the engine refuses it (a 400, not retried)
-            self._settle(pending)
-            self._finished(traffic.model, rid, True)
-            counts = self.counts[traffic.model]
-            counts.failed_at.append(req.at_ms)
-            counts.in_flight += died
-            return
-
-        serving = self.serving
-
-        def too_slow() -> None:
-            if not pending.done:
-                serving.cancel(rid, key)
-                self._settle(pending)
-                self._failed(traffic, req, rid, pending.retry, broken(engines, self.world))
-
-        self.world.later(self.timeouts.first_byte_ms, too_slow)
-
-    def _record(
-        self,
-        traffic: Traffic,
-        req: Arrival,
-        first_ms: int,
-        done_ms: int,
-        queued_us: int,
-        tokens: int,
-    ) -> None:
-        """A request answered at the fixed pace: its first token at `first_ms`, done at
-        `done_ms` (virtual ms)."""
-        assert self.latencies is not None
-        tbt_us = 0 if tokens <= 1 else (done_ms - first_ms) * 1000 // (tokens - 1)
-        self.latencies.add(
-            traffic.model,
-            Sample(
-                req.at_ms,
-                (first_ms - req.at_ms) * 1000,
-                (done_ms - req.at_ms) * 1000,
-                queued_us,
-                tbt_us,
-            ),
-        )
-
-    def engine_stopped(self, engine: SimEngine, sockets_close: bool) -> None:
-        """An engine stopped: when its connections closed, every request its replica holds
-        fails now (a powered-off node's just go silent: their clients time out)."""
-        if not sockets_close:
-            return
-        if self.serving is not None:
-            self.serving.drop(engine.spec.replica)
-        for pending in self._inflight.pop(engine.spec.replica, []):
-            if not pending.done:
-                pending.done = True
-                self._failed(pending.traffic, pending.req, pending.replica, pending.retry, True)
-
-    def _settle(self, pending: _Pending) -> None:
-        pending.done = True
-        held = self._inflight.get(pending.replica)
-        if held is not None:
-            held.remove(pending)
-            if not held:
-                del self._inflight[pending.replica]
-
     def _failed(
         self,
         traffic: Traffic,
@@ -404,6 +277,12 @@ class TrafficRouter:
             counts.retried += 1
             self._attempt(traffic, req, first=rid, died=died)
             return
+        counts.failed_at.append(req.at_ms)
+        counts.in_flight += died
+
+    def _rejected(self, traffic: Traffic, req: Arrival, died: bool) -> None:
+        """A request its engine refused (too large for its cache): failed, not retried."""
+        counts = self.counts[traffic.model]
         counts.failed_at.append(req.at_ms)
         counts.in_flight += died
 
