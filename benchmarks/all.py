@@ -89,7 +89,7 @@ BENCHES: tuple[Bench, ...] = (
         "router",
         (
             "benchmarks/router.py",
-            *("--concurrency", "1,8", "--requests", "400", "--rounds", "3", "--clients", "2"),
+            *("--concurrency", "1,8", "--requests", "1500", "--rounds", "3", "--clients", "2"),
         ),
         600,
     ),

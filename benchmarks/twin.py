@@ -10,8 +10,9 @@ pattern, and the control core's own cost, in one run.
    min and median of the repeats, beside the same twin with one event per heartbeat (once,
    skipped on budget as below), and against bare SimPy on exactly the twin's heartbeat
    pattern: every node beats at a seeded phase in (0, interval], each beat is delivered after
-   the control latency (2 ms), and a 1 s reconcile tick runs; no control logic. Printed with
-   the ratio and the speed over real time.
+   the control latency (2 ms), and a 1 s reconcile tick runs; no control logic. The twin and
+   bare SimPy run in turn, one of each per repeat, so a slow spell of the machine falls on
+   both. Printed with the ratio (of the two minimums) and the speed over real time.
    A run whose estimate (from the last smaller run of the same size) exceeds `--budget`
    seconds is skipped and its estimate printed.
 2. The control core alone at 1,000 and 10,000 nodes: one steady tick, one placement, and the
@@ -106,7 +107,10 @@ def bare_seconds(nodes: int, virtual_ms: int, timings: Timings, seed: int) -> fl
 
 
 def repeat(fn: Callable[[], float], times: int) -> tuple[float, float]:
-    runs = [clean(fn) for _ in range(times)]
+    return summary([clean(fn) for _ in range(times)])
+
+
+def summary(runs: list[float]) -> tuple[float, float]:
     return min(runs), statistics.median(runs)
 
 
@@ -141,21 +145,24 @@ def fleet_rows(
                 rows.append({"nodes": nodes, "virtual_ms": virtual, "skipped": True})
                 continue
             scenario = steady(nodes, virtual)
-            step(f"steady fleet, {nodes} nodes, {label} virtual: the twin x{repeats}")
-            twin = repeat(partial(twin_seconds, scenario), repeats)
+            twin_fn = partial(twin_seconds, scenario)
+            bare_fn = partial(bare_seconds, nodes, virtual, scenario.timings, scenario.seed)
+            if baseline:  # side by side, a run of each in turn: a slow spell hits both
+                step(
+                    f"steady fleet, {nodes} nodes, {label} virtual: twin and bare SimPy x{repeats}"
+                )
+                pairs = [(clean(twin_fn), clean(bare_fn)) for _ in range(repeats)]
+                twin = summary([t for t, _ in pairs])
+                bare: tuple[float, float] | None = summary([b for _, b in pairs])
+            else:
+                step(f"steady fleet, {nodes} nodes, {label} virtual: the twin x{repeats}")
+                twin, bare = repeat(twin_fn, repeats), None
             beat, beat_s = "skipped" if baseline else "not run", None
             if baseline and (per_beat_rate is None or per_beat_rate * virtual <= budget):
                 step(f"steady fleet, {nodes} nodes, {label} virtual: one event per heartbeat")
                 beat_s = clean(partial(twin_seconds, scenario, bulk=False))
                 per_beat_rate = beat_s / virtual
                 beat = f"{beat_s:.2f} s"
-            bare: tuple[float, float] | None = None
-            if baseline:
-                step(f"steady fleet, {nodes} nodes, {label} virtual: bare SimPy x{repeats}")
-                bare = repeat(
-                    partial(bare_seconds, nodes, virtual, scenario.timings, scenario.seed),
-                    repeats,
-                )
             growth = f" (x{twin[0] / previous:.1f} over the last)" if previous else ""
             bare_text = (
                 f"{bare[0]:>9.2f} s / {bare[1]:>7.2f} s {twin[0] / bare[0]:>9.2f}"
