@@ -5,7 +5,9 @@ simulated nodes on one machine, hand in a sysfs-shaped tree instead of the host'
 `<root>/sys/bus/pci/devices` for GPUs, `<root>/sys/class/infiniband` for ports. NVML (module
 `pynvml` from `nvidia-ml-py`) is asked only when the root is the host's own (`HOST_ROOT`): it
 describes the machine this process runs on and nothing else. It is imported lazily and optional.
-NVML also tells the multi-node NVLink domain the GPUs are in (`nvlink.py`); sysfs does not.
+NVML also tells the multi-node NVLink domain the GPUs are in (`nvlink.py`); sysfs does not. The
+sysfs side (GPUs on PCI, InfiniBand ports, the reader that keeps the warnings) is
+`inventory_sysfs.py`; its public names are importable from here too.
 
 Invariants:
 - Reading never raises over what it finds on disk or hears from NVML: a missing, unreadable or
@@ -23,7 +25,6 @@ Invariants:
 from __future__ import annotations
 
 import importlib
-import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,51 +33,46 @@ from typing import Any, Literal
 
 from llmgw_twin.control.model import ENGINES, EngineName, FabricId, NodeId, NodeInfo
 from llmgw_twin.control.topology import DomainId, NodeTopology
+from llmgw_twin.service.agent.inventory_sysfs import (
+    GPU_CLASS_CODES,
+    NVIDIA_VENDOR_ID,
+    GpuDevice,
+    IbPort,
+    _ib_ports,
+    _pci_address,
+    _Reader,
+    _sysfs_gpus,
+    fell_off_the_bus,
+)
 from llmgw_twin.service.agent.nvlink import read_domain
+
+__all__ = [
+    "DEFAULT_SUBNET_PREFIX",
+    "GPU_CLASS_CODES",
+    "HOST_ROOT",
+    "NVIDIA_VENDOR_ID",
+    "GpuDevice",
+    "GpuSource",
+    "IbPort",
+    "Inventory",
+    "fabric_id_for_prefix",
+    "fabric_links_up",
+    "fell_off_the_bus",
+    "normalize_subnet_prefix",
+    "read_inventory",
+    "to_node_info",
+]
 
 HOST_ROOT = Path("/")
 """The root that is this machine: only there does NVML describe the GPUs under the root."""
-
-NVIDIA_VENDOR_ID = 0x10DE
-GPU_CLASS_CODES = frozenset({0x0300, 0x0302})
-"""PCI base class + subclass (the class file's upper 16 bits): VGA-compatible, 3D controller.
-NVIDIA's other functions (HDMI audio 0x0403, NVSwitch 0x0680, bridges 0x0604) are not GPUs."""
 
 DEFAULT_SUBNET_PREFIX = "fe80:0000:0000:0000"
 """The InfiniBand default (link-local) prefix: every subnet manager left unconfigured uses it."""
 
 GpuSource = Literal["nvml", "sysfs", "none"]
 
-_READ_LIMIT = 4096  # sysfs attributes fit in a page; a larger file is not an attribute
 _MIB = 1024 * 1024
-_PCI_ADDRESS = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
-_STATE = re.compile(r"(?:(\d+)\s*:\s*)?([A-Za-z_<>][A-Za-z_<> ]*)")
-_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*Gb/sec\b.*")
 _PREFIX = re.compile(r"[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{1,4}){3}")
-
-
-@dataclass(frozen=True, slots=True)
-class GpuDevice:
-    """One GPU: its index on this node, where it sits on PCI, and what is known of it."""
-
-    index: int
-    pci_address: str  # sysfs form, lower case: "0000:18:00.0"
-    name: str
-    memory_mib: int | None = None  # None when unknown (sysfs does not say)
-    uuid: str | None = None  # "GPU-..." from NVML; None from sysfs
-
-
-@dataclass(frozen=True, slots=True)
-class IbPort:
-    """One port of an RDMA device as `/sys/class/infiniband/<device>/ports/<port>` shows it."""
-
-    device: str
-    port: int
-    state: str  # "ACTIVE", "DOWN", "INIT", "ARMED", ... or "UNKNOWN" when unreadable
-    phys_state: str  # "LinkUp", "Polling", "Disabled", ... or "UNKNOWN"
-    rate_gbps: float  # 0.0 when unreadable
-    link_layer: str  # "InfiniBand", "Ethernet" (RoCE) or "Unknown"
-    subnet_prefix: str | None  # upper 64 bits of GID 0, "fe80:0000:0000:0000"; None if none
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,120 +178,6 @@ def to_node_info(
     return NodeInfo(NodeId(node), inv.fabric, count, memory, engine_names, topology)
 
 
-class _Reader:
-    """Reads small text files under the root and keeps the warnings."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.warnings: list[str] = []
-        self.lost: list[int] = []
-        """NVML indexes whose handle failed: counted, reported failed."""
-        self.handles: list[tuple[int, Any]] = []
-        """NVML's handle of each GPU that gave one, by index."""
-        self.nvlink_domain: DomainId | None = None
-
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
-
-    def show(self, path: Path) -> str:
-        try:
-            return "/" + path.relative_to(self.root).as_posix()
-        except ValueError:
-            return str(path)
-
-    def text(self, path: Path) -> str | None:
-        """The file's stripped ASCII text, or None (with a warning) when it cannot be had."""
-        try:
-            with path.open("rb") as f:
-                raw = f.read(_READ_LIMIT)
-        except FileNotFoundError:
-            self.warn(f"{self.show(path)}: missing")
-            return None
-        except OSError as e:
-            self.warn(f"{self.show(path)}: unreadable ({e.strerror or type(e).__name__})")
-            return None
-        try:
-            return raw.decode("ascii").strip()
-        except UnicodeDecodeError:
-            self.warn(f"{self.show(path)}: not text")
-            return None
-
-    def hex_value(self, path: Path) -> int | None:
-        """A sysfs hex attribute such as `0x10de`."""
-        text = self.text(path)
-        if text is None:
-            return None
-        try:
-            return int(text, 16)
-        except ValueError:
-            self.warn(f"{self.show(path)}: not a hex number: {text[:40]!r}")
-            return None
-
-    def listdir(self, path: Path, *, missing_ok: bool) -> list[Path]:
-        try:
-            return sorted(path.iterdir())
-        except FileNotFoundError:
-            if not missing_ok:
-                self.warn(f"{self.show(path)}: missing")
-        except OSError as e:
-            self.warn(f"{self.show(path)}: not a readable directory ({type(e).__name__})")
-        return []
-
-
-def _natural(name: str) -> tuple[tuple[int, str], ...]:
-    """`mlx5_10` after `mlx5_2`: split on digit runs (text at even positions, numbers at odd)."""
-    parts = re.split(r"(\d+)", name)
-    return tuple((int(p), "") if i % 2 else (0, p) for i, p in enumerate(parts))
-
-
-def _pci_address(text: str | None) -> tuple[tuple[int, ...], str] | None:
-    """`0000:18:00.0` or NVML's `00000000:18:00.0` -> (sort key, sysfs form), else None."""
-    match = _PCI_ADDRESS.fullmatch(text.lower()) if text else None
-    if match is None:
-        return None
-    key = tuple(int(part, 16) for part in match.groups())
-    return key, "{:04x}:{:02x}:{:02x}.{:x}".format(*key)
-
-
-def fell_off_the_bus(d: Path) -> bool:
-    """The function's config space reads all ones, as a device that stopped answering does
-    (without a readable `config`, as in older trees, it is taken as answering)."""
-    try:
-        with (d / "config").open("rb") as f:
-            head = f.read(2)
-    except OSError:
-        return False
-    return head == b"\xff\xff"
-
-
-def _sysfs_gpus(r: _Reader) -> tuple[list[GpuDevice], list[int]]:
-    """NVIDIA VGA/3D-controller functions under `sys/bus/pci/devices`, by PCI address, and the
-    indexes of those fallen off the bus (left out of the first list, their index kept)."""
-    found: list[tuple[tuple[int, ...], str, str, Path]] = []
-    for entry in r.listdir(r.root / "sys/bus/pci/devices", missing_ok=False):
-        address = _pci_address(entry.name)
-        if address is None:
-            r.warn(f"{r.show(entry)}: not a PCI address; skipped")
-            continue
-        if r.hex_value(entry / "vendor") != NVIDIA_VENDOR_ID:
-            continue
-        class_code = r.hex_value(entry / "class")
-        if class_code is None or class_code >> 8 not in GPU_CLASS_CODES:
-            continue
-        device_id = r.hex_value(entry / "device")
-        name = f"NVIDIA [10de:{device_id:04x}]" if device_id is not None else "NVIDIA [10de:?]"
-        found.append((*address, name, entry))
-    found.sort()
-    gpus, lost = [], []
-    for i, (_, pci, name, entry) in enumerate(found):
-        if fell_off_the_bus(entry):
-            r.warn(f"GPU {i} ({pci}): its config space reads all ones (fallen off the bus)")
-            lost.append(i)
-        else:
-            gpus.append(GpuDevice(i, pci, name))
-    return gpus, lost
-
-
 def _nvml_gpus(r: _Reader) -> list[GpuDevice] | None:
     """GPUs as NVML reports them, or None (with a warning saying why) to fall back to sysfs."""
     try:
@@ -368,67 +250,6 @@ def _as_str(value: Any) -> str | None:
 def _describe(e: BaseException) -> str:
     text = str(e)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def _ib_ports(r: _Reader) -> list[IbPort]:
-    """Every port of every device under `sys/class/infiniband`; none when there is no such dir."""
-    ports: list[IbPort] = []
-    for device in r.listdir(r.root / "sys/class/infiniband", missing_ok=True):
-        for port_dir in r.listdir(device / "ports", missing_ok=False):
-            if not port_dir.name.isdigit():
-                r.warn(f"{r.show(port_dir)}: not a port number; skipped")
-                continue
-            ports.append(_ib_port(r, device.name, int(port_dir.name), port_dir))
-    ports.sort(key=lambda p: (_natural(p.device), p.port))
-    return ports
-
-
-def _ib_port(r: _Reader, device: str, port: int, d: Path) -> IbPort:
-    link_layer = r.text(d / "link_layer")
-    if link_layer not in (None, "InfiniBand", "Ethernet", "Unknown"):
-        r.warn(f"{r.show(d / 'link_layer')}: unexpected {link_layer[:40]!r}")
-        link_layer = None
-    state, phys_state, rate = (
-        _parse(r, d / name, pattern, what)
-        for name, pattern, what in (
-            ("state", _STATE, "port state"),  # `4: ACTIVE` -> `ACTIVE`
-            ("phys_state", _STATE, "port state"),  # `5: LinkUp` -> `LinkUp`
-            ("rate", _RATE, "rate"),  # `400 Gb/sec (4X NDR)` -> `400`
-        )
-    )
-    return IbPort(
-        device,
-        port,
-        state or "UNKNOWN",
-        phys_state or "UNKNOWN",
-        float(rate) if rate else 0.0,
-        link_layer or "Unknown",
-        _subnet_prefix(r, d / "gids" / "0"),
-    )
-
-
-def _parse(r: _Reader, path: Path, pattern: re.Pattern[str], what: str) -> str | None:
-    """The pattern's last group in the file's text, or None (with a warning)."""
-    text = r.text(path)
-    match = pattern.fullmatch(text) if text is not None else None
-    if text is not None and match is None:
-        r.warn(f"{r.show(path)}: not a {what}: {text[:40]!r}")
-    return match.group(match.re.groups).strip() if match is not None else None
-
-
-def _subnet_prefix(r: _Reader, path: Path) -> str | None:
-    """The upper 64 bits of a GID, or None for the all-zero (empty) entry."""
-    text = r.text(path)
-    if text is None:
-        return None
-    try:
-        raw = ipaddress.IPv6Address(text).packed
-    except ValueError:
-        r.warn(f"{r.show(path)}: not a GID: {text[:60]!r}")
-        return None
-    if not any(raw):
-        return None
-    return ":".join(raw[i : i + 2].hex() for i in range(0, 8, 2))
 
 
 def _derive_fabric(r: _Reader, ports: list[IbPort]) -> FabricId | None:

@@ -5,7 +5,8 @@ Role: the production twin of `twin/world/controller.py`. `ControllerRuntime` own
 routing feed that router processes follow (`feed.py`) and two HTTP clients; it moves messages
 only: agents' registrations and heartbeats and the operator's profiles and deployments go into
 the core, and the core's commands go out to the agents. Its HTTP face is
-`routes.create_controller_app`.
+`routes.create_controller_app`; the calls behind it are inherited: the agents' (`agent_calls.py`),
+the admin's (`admin_calls.py`) and the reads (`reads.py`).
 
 Invariants:
 - Every call into the core holds one asyncio lock, and carrying out its `Step` never awaits:
@@ -50,25 +51,19 @@ from llmgw_twin.control.protocol import (
     ControllerCommand,
     ControllerEvent,
     ControllerLagged,
-    Heartbeat,
     RequestReport,
     Step,
 )
 from llmgw_twin.control.routing import Router
 from llmgw_twin.service.common.auth import (
-    Caller,
     ControllerKeys,
     NodeCredential,
     load_secret,
 )
 from llmgw_twin.service.common.feed import RoutingFeed
-from llmgw_twin.service.common.wire import (
-    HeartbeatW,
-    NodeRegisteredW,
-    Refused,
-    ReportReplyW,
-)
+from llmgw_twin.service.common.wire import Refused
 from llmgw_twin.service.controller.admin_calls import AdminCalls
+from llmgw_twin.service.controller.agent_calls import AgentCalls
 from llmgw_twin.service.controller.autoscaling import LoadLoop, RouterLoads
 from llmgw_twin.service.controller.committer import Committer
 from llmgw_twin.service.controller.config import ControllerSettings
@@ -98,7 +93,7 @@ def _die(message: str) -> NoReturn:
     os._exit(EXIT_FATAL)
 
 
-class ControllerRuntime(AdminCalls, ReadCalls):
+class ControllerRuntime(AdminCalls, AgentCalls, ReadCalls):
     def __init__(
         self,
         settings: ControllerSettings,
@@ -257,21 +252,6 @@ class ControllerRuntime(AdminCalls, ReadCalls):
         if self.gc_pauses is not None:
             self.gc_pauses.start()
 
-    def _reload_nodes(self) -> None:
-        """The nodes' addresses and credentials as the store holds them now: a standby read
-        them when it started, and the leaders before it may have onboarded nodes since."""
-        if self.keys is not None:
-            stored = {row[0]: NodeCredential(*row) for row in self.store.credentials()}
-            for held in list(self.keys.nodes()):
-                if held.node not in stored:  # revoked meanwhile
-                    self.keys.revoke(held.node)
-                    self._agent_urls.pop(NodeId(held.node), None)
-            for cred in stored.values():
-                self.keys.put(cred)
-                self._agent_urls[NodeId(cred.node)] = cred.agent_url
-        else:
-            self._agent_urls.update(self.store.agent_urls())
-
     async def stop(self) -> None:
         if self.gc_pauses is not None:
             await self.gc_pauses.stop()
@@ -391,51 +371,6 @@ class ControllerRuntime(AdminCalls, ReadCalls):
         """An operator's event (`control/operator.py`): decided, durable, then answered; a refusal
         raises `Refused` (422) and changes nothing."""
         return await self._handle(event)
-
-    def _speaks_for(self, caller: Caller | None, node: str, shard_nodes: list[str]) -> None:
-        """A node's credential acts as that node only, and reports its own shards only."""
-        if caller is None:
-            return  # no credentials asked
-        problem = None
-        if caller.node != node:
-            problem = f"this credential is node {caller.node}'s: it cannot speak for {node}"
-        elif others := sorted(set(shard_nodes) - {node}):
-            problem = f"node {node} reported shards placed on {', '.join(others)}"
-        if problem is not None:
-            log.warning("refused a report: %s", problem)
-            raise Refused(problem, 403)
-
-    async def register(self, body: NodeRegisteredW, caller: Caller | None) -> ReportReplyW:
-        msg = body.to_core()
-        node = msg.info.node
-        self._speaks_for(caller, node, [s.spec.node for s in body.shards])
-        if self.keys is not None:
-            bound = self._agent_urls.get(node)
-            if body.agent_url.rstrip("/") != bound and self._misbound.get(node) != body.agent_url:
-                self._misbound[node] = body.agent_url
-                log.warning(
-                    "node %s registers agent_url %s, but its credential is bound to %s: the "
-                    "controller calls %s only (onboard the node again to change it)",
-                    node,
-                    body.agent_url,
-                    bound,
-                    bound,
-                )
-        elif self._agent_urls.get(node) != body.agent_url:
-            await self.committer.run(self.store.put_agent_url, node, body.agent_url)
-            self._agent_urls[node] = body.agent_url
-        await self._handle(msg)
-        return ReportReplyW()
-
-    async def heartbeat(self, body: HeartbeatW, caller: Caller | None) -> ReportReplyW:
-        return ReportReplyW(report=await self.heard(body.to_core(), caller))
-
-    async def heard(self, msg: Heartbeat, caller: Caller | None) -> bool:
-        """A heartbeat, its body already read; True when it asks, in-band, for a report."""
-        self._speaks_for(caller, msg.node, [s.spec.node for s in msg.shards])
-        step = await self._handle(msg, answered_in_band=msg.node)
-        self.metrics.heartbeats += 1
-        return any(isinstance(c, RequestReport) and c.node == msg.node for c in step.commands)
 
     # --- views -------------------------------------------------------------------------------
 
