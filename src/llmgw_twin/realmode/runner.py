@@ -6,7 +6,8 @@ controller's event log (successive controller processes put on one time line thr
 monotonic clock), judge state assertions on the controller's admin state from their instant on
 (`checks.state_span`: read again until one holds, up to the tolerance later but never at or after
 the next fault), check what can be checked of the invariants from outside, and end every process
-the run started.
+the run started. The rest is judged at the end on what the run gathered (`realmode/verdict.py`,
+which holds `RealResult`).
 
 SIGINT, SIGTERM and SIGHUP cancel the run: every process it started is ended and its temporary
 folder removed, then `run_real` raises `Interrupted` (the command prints one line and exits
@@ -25,7 +26,6 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,6 @@ from llmgw_twin.control.model import TraceEvent
 from llmgw_twin.realmode.checks import (
     Reading,
     RealInvariants,
-    judge_event_real,
     judge_state_readings,
     read_state,
     state_span,
@@ -46,20 +45,25 @@ from llmgw_twin.realmode.keeper import Keeper
 from llmgw_twin.realmode.refusals import check_real_supported
 from llmgw_twin.realmode.stop import Interrupted, Stopper, signals_to
 from llmgw_twin.realmode.traffic import RealTraffic
+from llmgw_twin.realmode.verdict import RealResult, judge_outcomes, latency_report
 from llmgw_twin.service.common.wire import DeploymentW, TraceEventW
 from llmgw_twin.twin.report.text import describe
-from llmgw_twin.twin.scenario.model import (
-    EventExpectation,
-    RequestsExpectation,
-    Scenario,
-    StateExpectation,
-)
+from llmgw_twin.twin.scenario.model import Scenario, StateExpectation
 from llmgw_twin.twin.scenario.timescale import scale_scenario, widen
-from llmgw_twin.twin.scenario.workload_model import SloExpectation
-from llmgw_twin.twin.world.expect import Outcome, judge_requests
-from llmgw_twin.twin.world.latency import judge_slo
-from llmgw_twin.twin.world.runner import InvariantResult
+from llmgw_twin.twin.world.expect import Outcome
 from llmgw_twin.units import fmt_ms, fmt_offset
+
+__all__ = [
+    "POLL_S",
+    "QUIET_S",
+    "REGISTER_DEADLINE_S",
+    "Alongside",
+    "Progress",
+    "RealResult",
+    "RealRun",
+    "engine_binaries",
+    "run_real",
+]
 
 POLL_S = 0.1
 """How often the run reads the controller's event log and state (and probes the router)."""
@@ -67,38 +71,6 @@ REGISTER_DEADLINE_S = 60.0
 QUIET_S = 15.0
 """After this long without a progress line, the run says where it stands (a long quiet stretch
 of a scenario, or a controller that is down, would print nothing for minutes)."""
-
-
-@dataclass
-class RealResult:
-    scenario: Scenario
-    """The scenario as run: scaled and widened."""
-    time_scale: float
-    tolerance_ms: int
-    trace: list[TraceEvent]
-    expectations: list[Outcome]
-    invariants: list[InvariantResult]
-    wall_ms: int
-    left_running: list[int] = field(default_factory=list)
-    answered: dict[str, int] = field(default_factory=dict)
-    """Probe chat completions the router answered with 200, per model."""
-    requests: dict[str, dict[str, int]] | None = None
-    """The traffic's counts per model (`realmode/traffic.py`); None without traffic."""
-    latency: dict[str, dict[str, object]] | None = None
-    """Per model, the served requests' latencies, as the twin reports them; None unless the
-    scenario uses the workload additions."""
-    workdir: str = ""
-    """The run's temporary folder (removed when the run ends)."""
-    groups: list[int] = field(default_factory=list)
-    """Every process group the run started or saw its agents run, all ended."""
-
-    @property
-    def passed(self) -> bool:
-        return (
-            all(o.passed for o in self.expectations)
-            and not any(i.enabled and i.violations for i in self.invariants)
-            and not self.left_running
-        )
 
 
 def engine_binaries() -> dict[str, dict[str, str]]:
@@ -343,40 +315,23 @@ class RealRun:
             await asyncio.sleep(POLL_S)
         self.outcomes[i] = judge_state_readings(exp, readings, end_ms)
 
-    def _latency(self) -> dict[str, dict[str, object]] | None:
-        if not (self.scenario.traffic and self.traffic.timed):
-            return None
-        arrivals = {m: self.traffic.arrivals(m) for m in self.traffic.models}
-        slos = [e for e in self.scenario.expectations if isinstance(e, SloExpectation)]
-        return self.traffic.latencies().report(arrivals, self.scenario.duration_ms, slos)
-
     def result(self, time_scale: float, tolerance_ms: int, left: list[int]) -> RealResult:
         led = self.cluster.multi.events if self.cluster.multi else []
         trace = sorted([*self.trace, *self.injector.injected, *led], key=lambda e: e.t_ms)
         self.checks.judge_routes(trace)
-        outcomes = dict(self.outcomes)
-        for i, exp in enumerate(self.scenario.expectations):
-            if isinstance(exp, EventExpectation):
-                outcomes[i] = judge_event_real(exp, trace, tolerance_ms)
-            elif isinstance(exp, RequestsExpectation):
-                arrivals = self.traffic.arrivals(exp.model)
-                outcomes[i] = judge_requests(exp, arrivals, self.traffic.failed_at(exp.model))
-            elif isinstance(exp, SloExpectation):
-                arrivals = self.traffic.arrivals(exp.model)
-                failed = self.traffic.failed_at(exp.model)
-                outcomes[i] = judge_slo(exp, self.traffic.latencies(), arrivals, failed)
+        outcomes = judge_outcomes(self.scenario, self.outcomes, trace, self.traffic, tolerance_ms)
         return RealResult(
             scenario=self.scenario,
             time_scale=time_scale,
             tolerance_ms=tolerance_ms,
             trace=trace,
-            expectations=[outcomes[i] for i in range(len(self.scenario.expectations))],
+            expectations=outcomes,
             invariants=self.checks.results(),
             wall_ms=self.now_ms(),
             left_running=left,
             answered=dict(self.checks.answered),
             requests=self.traffic.report(trace) if self.scenario.traffic else None,
-            latency=self._latency(),
+            latency=latency_report(self.scenario, self.traffic),
             workdir=str(self.cluster.workdir),
             groups=sorted(self.cluster.started_groups),
         )
