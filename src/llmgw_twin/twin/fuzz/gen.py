@@ -11,6 +11,8 @@ outages are drawn to be over by then. About a third of the seeds also run two or
 controllers and draw their own faults (`leaders.py`). `scenario_text(plan)` writes the plan as
 a scenario file (docs/scenarios.md) whose only expectation is liveness: at the end, every
 deployment has its desired count of ready replicas -- asserted only when `capacity_allows(plan)`.
+What the plan implies (the heal, the liveness bound, the capacity check) is `liveness.py`'s,
+re-exported here.
 
 Invariants: the same seed gives the same plan and the same text, on every machine (no clock, no
 hash-ordered iteration); every text this module writes loads with `load_scenario_text`; the run
@@ -23,25 +25,40 @@ import random
 from dataclasses import fields, replace
 
 from llmgw_twin.control.model import Timings
-from llmgw_twin.twin.fuzz.groups import (
-    group_capacity_allows,
-    group_deployment,
-    members_of,
-    shards_of,
-)
-from llmgw_twin.twin.fuzz.leaders import (
-    CONTROLLER_KINDS,
-    SLOWEST,
-    controller_faults,
-    controller_heal,
-    controller_line,
-    leadership_bound_ms,
+from llmgw_twin.twin.fuzz.groups import group_deployment, members_of
+from llmgw_twin.twin.fuzz.leaders import CONTROLLER_KINDS, controller_faults, controller_line
+from llmgw_twin.twin.fuzz.liveness import (
+    SLACK_MS,
+    capacity_allows,
+    duration_ms,
+    failed_gpus,
+    heal_faults,
+    liveness_bound_ms,
+    pace_ms,
 )
 from llmgw_twin.twin.fuzz.plan import Plan, PlanDeployment, PlanFault, PlanNode, PlanProfile
-from llmgw_twin.twin.fuzz.rollouts import ROLLOUT_KINDS, profile_faults, profile_heal, profile_line
+from llmgw_twin.twin.fuzz.rollouts import ROLLOUT_KINDS, profile_faults, profile_line
 from llmgw_twin.twin.fuzz.shapes import SHAPE_KINDS, shape_faults, shape_line
 from llmgw_twin.twin.fuzz.topo import TOPOLOGY_KINDS, topology_faults, topology_line, topology_lines
 from llmgw_twin.units import fmt_duration, setting_keys
+
+__all__ = [
+    "FABRIC_NAMES",
+    "FAULT_KINDS",
+    "OPERATOR_KINDS",
+    "SLACK_MS",
+    "SWARM_KINDS",
+    "TRAFFIC_RATE",
+    "capacity_allows",
+    "duration_ms",
+    "failed_gpus",
+    "generate",
+    "heal_faults",
+    "liveness_bound_ms",
+    "pace_ms",
+    "pace_timings",
+    "scenario_text",
+]
 
 SWARM_KINDS: tuple[str, ...] = (
     "kill_node",
@@ -64,8 +81,6 @@ FAULT_KINDS: tuple[str, ...] = SWARM_KINDS + OPERATOR_KINDS + CONTROLLER_KINDS +
 FAULT_KINDS += SHAPE_KINDS + TOPOLOGY_KINDS
 
 FABRIC_NAMES = ("ib-a", "ib-b", "ib-c")
-SLACK_MS = 30_000
-"""Liveness bound slack: messages, sidecars, reconcile intervals, heartbeat phases."""
 
 
 def generate(seed: int) -> Plan:
@@ -201,62 +216,6 @@ def _fault(rng: random.Random, plan: Plan, kind: str, at_ms: int) -> PlanFault:
     raise ValueError(f"unknown fault kind {kind!r}")
 
 
-# --- what the plan implies ---------------------------------------------------------------------
-
-
-def heal_faults(plan: Plan) -> tuple[PlanFault, ...]:
-    """The heal at `plan.heal_at_ms`: restart every node down by then (killed or crashed, not
-    restarted since), uncordon every node cordoned or drained, and set every deployment whose
-    count was changed back to its own."""
-    down: dict[str, bool] = {}
-    cordoned: set[str] = set()
-    wanted = {d.model: d.replicas for d in plan.deployments}
-    current = dict(wanted)
-    for f in plan.faults:
-        if f.kind in ("kill_node", "crash_node"):
-            down[f.node] = True
-        elif f.kind == "restart_node":
-            down[f.node] = False
-        elif f.kind == "set_replicas":
-            current[f.model] = f.replicas
-        elif f.kind in ("cordon", "drain"):
-            cordoned.add(f.node)
-    at = plan.heal_at_ms
-    uncordons = [PlanFault(at, "uncordon", node=n.name) for n in plan.nodes if n.name in cordoned]
-    restarts = [PlanFault(at, "restart_node", node=n.name) for n in plan.nodes if down.get(n.name)]
-    sets = [
-        PlanFault(at, "set_replicas", model=d.model, replicas=d.replicas)
-        for d in plan.deployments
-        if current[d.model] != wanted[d.model]
-    ]
-    return (*restarts, *uncordons, *sets, *profile_heal(plan), *controller_heal(plan))
-
-
-def failed_gpus(plan: Plan) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {}
-    for f in plan.faults:
-        if f.kind == "fail_gpu":
-            out.setdefault(f.node, set()).add(f.gpu)
-    return out
-
-
-def liveness_bound_ms(plan: Plan) -> int:
-    """How long after the heal every deployment must be back to its desired count of ready
-    replicas (docs/fuzzing.md derives it): a node silent since before the heal is lost
-    (`node_lost_after`); the last replica started before the heal misses its start deadline
-    (`2 x load + start_grace`) or its hung leader runs out of grace; the nodes it blamed stay
-    quarantined, or its replacement backs off (`max(quarantine_for, restart_backoff_max)`); the
-    replacement loads (`load`); plus `SLACK_MS`."""
-    t = plan.timings
-    load = max((p.load_ms for p in plan.profiles), default=0)
-    recover = max(2 * load + t.start_grace_ms, t.probe_interval_ms + t.unresponsive_grace_ms)
-    wait = max(t.quarantine_for_ms, t.restart_backoff_max_ms)
-    bound = t.node_lost_after_ms + recover + wait + load + SLACK_MS + pace_ms(plan)
-    if any(f.kind == "clock_skew" for f in plan.faults):
-        bound = int(bound / SLOWEST) + 1  # a slow controller's timers run that much longer
-    return bound + leadership_bound_ms(plan)
-
-
 def pace_timings(seed: int, timings: Timings) -> Timings:
     """In about half the seeds, eviction budgets small enough to bind (2 or 4 replicas a minute
     in the fleet, 1 or 2 in a fabric), and in about half a mass-loss hold bound of 2 to 4
@@ -271,70 +230,6 @@ def pace_timings(seed: int, timings: Timings) -> Timings:
     if rng.random() < 0.5:
         timings = replace(timings, mass_loss_hold_max_ms=rng.choice((2, 3, 4)) * 60_000)
     return timings
-
-
-def pace_ms(plan: Plan) -> int:
-    """How much later the eviction pace may declare the last silent node lost: if every
-    desired replica sat on silent nodes, the smallest budget takes them down in
-    `ceil(replicas / budget)` windows, the first at once (0 for the generator's usual plans)."""
-    t = plan.timings
-    budgets = [b for b in (t.eviction_budget, t.eviction_fabric_budget) if b > 0]
-    if not budgets:
-        return 0
-    replicas = sum(members_of(d) for d in plan.deployments)
-    return t.eviction_window_ms * max(0, -(-replicas // min(budgets)) - 1)
-
-
-def duration_ms(plan: Plan) -> int:
-    return plan.heal_at_ms + liveness_bound_ms(plan)
-
-
-def capacity_allows(plan: Plan) -> bool:
-    """Whether the healed fleet, less its failed GPUs, holds every desired replica however the
-    controller lays them out: for each demanded profile, the other desired replicas, placed as
-    adversarially as their shard sizes permit, cannot use up every fabric that could hold one
-    more replica of it. Conservative: when False, liveness is not asserted."""
-    failed = failed_gpus(plan)
-    if not group_capacity_allows(plan, failed):
-        return False
-    shards: list[int] = []  # the GPU count of every desired shard
-    demanded: list[PlanProfile] = []
-    for d in plan.deployments:
-        shards.extend(shards_of(plan, d))
-        p = plan.profile(d.profile)
-        if d.replicas > 0 and not d.roles and p not in demanded:
-            demanded.append(p)
-    for p in demanded:
-        others = list(shards)
-        for _ in range(p.nodes):
-            others.remove(p.gpus_per_node)
-        if not others:
-            if not _fits_empty(plan, p, failed):
-                return False
-            continue
-        smallest, largest = min(others), max(others)
-        cost_shards = cost_gpus = 0
-        for _, members in plan.fabrics:
-            free = [n.gpus - len(failed.get(n.name, ())) for n in members]
-            eligible = sorted(f for f in free if f >= p.gpus_per_node)
-            if len(eligible) < p.nodes:
-                continue  # this fabric can never hold one: nothing to block
-            for f in eligible[: len(eligible) - p.nodes + 1]:  # the cheapest nodes to block
-                need = f - p.gpus_per_node + 1  # GPUs to take for fewer than g to be free
-                k = -(-need // largest)
-                cost_shards += k
-                cost_gpus += max(need, k * smallest)
-        if cost_shards == 0 or (cost_shards <= len(others) and cost_gpus <= sum(others)):
-            return False
-    return True
-
-
-def _fits_empty(plan: Plan, p: PlanProfile, failed: dict[str, set[int]]) -> bool:
-    for _, members in plan.fabrics:
-        free = [n.gpus - len(failed.get(n.name, ())) for n in members]
-        if sum(1 for f in free if f >= p.gpus_per_node) >= p.nodes:
-            return True
-    return False
 
 
 # --- the scenario file -------------------------------------------------------------------------

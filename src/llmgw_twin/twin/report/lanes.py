@@ -6,131 +6,24 @@ Everything here comes from the `RunResult` alone (the trace, the scenario's faul
 is a function of the run: same scenario and seed, same page. What the trace cannot say, the lanes
 do not guess: a node's health is the controller's view of it, and a dead node's shards last until
 the controller drops them; the faults' own spans show what really happened to the node.
+
+The parts a lane is made of (`Seg`, `Mark`, `Lane`) and how long each fault's span lasts are
+`lane_model.py`'s, re-exported here.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import assert_never
 
 from llmgw_twin.control.model import TraceEvent
+from llmgw_twin.twin.report.lane_model import Lane, Mark, Seg, _fault_for, _Open, fault_id
 from llmgw_twin.twin.report.text import describe
-from llmgw_twin.twin.scenario.model import (
-    AddNode,
-    ClockSkew,
-    Cordon,
-    CrashNode,
-    CutFabricLink,
-    DelayHeartbeats,
-    DeleteDeployment,
-    FabricDown,
-    FailGpu,
-    Fault,
-    HangEngine,
-    KillController,
-    KillEngine,
-    KillNode,
-    Partition,
-    PartitionController,
-    RestartAgent,
-    RestartController,
-    RestartNode,
-    SetProfile,
-    SetReplicas,
-    SlowNode,
-    StallController,
-    StoreDown,
-)
-from llmgw_twin.twin.scenario.topo_actions import (
-    LeafDown,
-    NvlinkDegraded,
-    NvlinkDomainDown,
-    SpineDown,
-)
 from llmgw_twin.twin.world.faults import fault_subjects
 from llmgw_twin.twin.world.runner import RunResult
 from llmgw_twin.units import fmt_duration, fmt_ms
 
-
-@dataclass(slots=True)
-class Seg:
-    """A state from `start_ms` to `end_ms`; a shard's `ready_ms` splits it into loading and up."""
-
-    state: str
-    start_ms: int
-    end_ms: int
-    label: str = ""
-    tip: str = ""
-    attrs: dict[str, str] = field(default_factory=dict)
-    ready_ms: int | None = None
-
-
-@dataclass(slots=True)
-class Mark:
-    t_ms: int
-    kind: str
-    tip: str
-    attrs: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Lane:
-    key: str
-    title: str
-    subtitle: str
-    rows: dict[str, list[Seg]]
-    marks: list[Mark] = field(default_factory=list)
-    spans: list[Seg] = field(default_factory=list)
-    """Fault spans over the whole lane (a node powered off, a partition, a controller outage)."""
-
-
-@dataclass(slots=True)
-class _Open:
-    state: str
-    since: int
-    tip: str = ""
-
-
-def fault_id(fault: Fault, index: int) -> str:
-    """A fault's id, or `#n` (its place in the file's fault list, from 1) when it has none."""
-    return fault.id if fault.id is not None else f"#{index + 1}"
-
-
-def _fault_for(fault: Fault) -> int:
-    match fault.action:
-        case Partition(for_ms=ms) | FabricDown(for_ms=ms):
-            return ms
-        case CutFabricLink(for_ms=ms) | SlowNode(for_ms=ms) | DelayHeartbeats(for_ms=ms):
-            return ms
-        case LeafDown(for_ms=ms) | SpineDown(for_ms=ms) | NvlinkDegraded(for_ms=ms):
-            return ms
-        case NvlinkDomainDown(for_ms=ms):
-            return ms or 0
-        case RestartController(down_for_ms=ms):
-            return ms
-        case StallController(for_ms=ms) | PartitionController(for_ms=ms) | StoreDown(for_ms=ms):
-            return ms
-        case (
-            KillNode()
-            | CrashNode()
-            | RestartNode()
-            | KillEngine()
-            | HangEngine()
-            | RestartAgent()
-            | FailGpu()
-            | SetReplicas()
-            | SetProfile()
-            | Cordon()
-            | DeleteDeployment()
-            | KillController()
-            | ClockSkew()
-            | AddNode()
-        ):
-            return 0  # an instant, or (an agent's restart) not drawn as a span
-        case _:
-            assert_never(fault.action)
+__all__ = ["Lane", "Lanes", "Mark", "Seg", "fault_id"]
 
 
 def _span(t: int, end: int) -> str:
