@@ -37,6 +37,14 @@ TOO_EARLY = NODE_LOSS.replace(WINDOW, "within: [kill+10s, kill+20s]")
 WALL_MS = re.compile(r"virtual in \d+ ms")
 
 
+@pytest.fixture(autouse=True)
+def own_root(pytester: pytest.Pytester) -> None:
+    """Each run's root is its own folder (an ini file there): without one, pytest takes the
+    nearest folder above with a `setup.py` for the root, a stray one in the temp dir's parents
+    too, and every collected id would name the path from it."""
+    pytester.makeini("[pytest]\n")
+
+
 def write(pytester: pytest.Pytester, name: str, text: str) -> Path:
     path = pytester.path / name
     path.parent.mkdir(parents=True, exist_ok=True)
