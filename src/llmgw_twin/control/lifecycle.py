@@ -307,10 +307,6 @@ class Lifecycle:
         """Place the pending set if a reason to was given (`Placer.place_if_due`)."""
         return self.placer.place_if_due()
 
-    def place_pending(self) -> None:
-        """Place the pending set at once (`Placer.place_pending`)."""
-        self.placer.place_pending()
-
     def bind(self, rec: ReplicaRecord, placement: Placement, booked: bool = False) -> None:
         """Give `rec` its place (`Placer.bind`)."""
         self.placer.bind(rec, placement, booked)
