@@ -424,17 +424,15 @@ def main(argv: list[str] | None = None) -> int:
     doc = replace_block(doc, "goals", render_goals(judged, at_commit, block(doc, "goals")))
     if not args.dry_run:
         DOC.write_text(doc)
-    for goal, measured, met in judged:  # the verdicts, written or not (`--dry-run`)
-        if met is not None:
-            verdict = "met" if met else "MISSED"
-            print(f"{verdict:>6}  {goal.name}: {measured} (limit: {goal.limit})")
     failed = [r.bench.name for r in runs.values() if not r.ok]
-    missed = [(g, m) for g, m, met in judged if met is False]
     for name in failed:
         print(f"benchmark failed: {name}", file=sys.stderr)
-    for goal, measured in missed:
-        print(f"goal missed: {goal.name}: {measured} (limit: {goal.limit})", file=sys.stderr)
-    return 1 if failed or missed else 0
+    for goal, measured, met in judged:  # each verdict, written or not (`--dry-run`)
+        if met is True:
+            print(f"goal met: {goal.name}: {measured} (limit: {goal.limit})")
+        elif met is False:
+            print(f"goal missed: {goal.name}: {measured} (limit: {goal.limit})", file=sys.stderr)
+    return 1 if failed or any(met is False for _, _, met in judged) else 0
 
 
 if __name__ == "__main__":
