@@ -252,7 +252,7 @@ class Router:
                     found[rid] = hit
                 return hit is not None
 
-        key = self._top(table, now_ms, skip, partner)
+        key = self._top(table, now_ms, skip, partner, taken=True)
         if key is None:
             return None
         route = self._take(table, key[2])
@@ -278,10 +278,12 @@ class Router:
         now_ms: int,
         skip: set[ReplicaId],
         partner: Callable[[ReplicaId], bool] | None,
+        taken: bool = False,
     ) -> Key | None:
         """The key `pick` would take from `table`: the smallest whose replica is routable,
         neither ejected nor at the limit nor skipped, and (with `partner`) has a partner. Stale
-        entries are dropped on the way; skipped ones stay."""
+        entries are dropped on the way; skipped ones stay, and so does the one found unless it
+        is `taken` now (`_take` pushes its new key: this one would only be found stale)."""
         self._back_from_ejection(table, now_ms)
         limit = self.outstanding_limit
         passed: list[Key] = []  # excluded by the caller: back in the heap after
@@ -300,6 +302,8 @@ class Router:
             if rid in skip or (partner is not None and not partner(rid)):
                 continue
             chosen = key
+            if taken:
+                passed.pop()
             break
         for key in passed:
             heapq.heappush(table.heap, key)
