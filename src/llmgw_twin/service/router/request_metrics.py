@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from fastapi.responses import Response
-from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from llmgw_twin.service.router.forwarding import Forwarder
@@ -85,7 +86,10 @@ class RecentRate:
         if not model:
             return
         slot = int(self._clock() // RATE_BUCKET_S)
-        self._advance(model, slot)[slot % RATE_BUCKETS] += 1
+        ring = self._rings.get(model)
+        if ring is None or self._slot[model] != slot:  # (else no bucket to clear)
+            ring = self._advance(model, slot)
+        ring[slot % RATE_BUCKETS] += 1
 
     def per_second(self) -> dict[str, float]:
         """Each model's requests per second over the window (or since the start, if shorter)."""
@@ -100,6 +104,44 @@ class RecentRate:
         return out
 
 
+class Timings:
+    """A latency histogram by model, exported as prometheus_client's `Histogram` exports one
+    (`_bucket` by `le`, cumulative; `_count`, `_sum`, `_created`): an observation is one
+    bisection and two additions, with no lock (the forwarding runs on one event loop) and no
+    walk over the buckets; the cumulative counts are made at scrape time."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = buckets
+        self._counts: dict[str, list[int]] = {}
+        """model -> observations in each bucket alone (the last: over every bound)"""
+        self._sums: dict[str, float] = {}
+        self._created: dict[str, float] = {}
+
+    def observe(self, model: str, seconds: float) -> None:
+        counts = self._counts.get(model)
+        if counts is None:
+            counts = self._counts[model] = [0] * (len(self.bounds) + 1)
+            self._sums[model] = 0.0
+            self._created[model] = time.time()
+        counts[bisect_left(self.bounds, seconds)] += 1  # `le`: the first bound >= seconds
+        self._sums[model] += seconds
+
+    def collect(self) -> Metric:
+        metric = Metric(self.name, self.documentation, "histogram")
+        les = [*(floatToGoString(b) for b in self.bounds), "+Inf"]  # type: ignore[no-untyped-call]
+        for model in sorted(self._counts):
+            acc = 0
+            for le, n in zip(les, self._counts[model], strict=True):
+                acc += n
+                metric.add_sample(self.name + "_bucket", {"model": model, "le": le}, acc)
+            metric.add_sample(self.name + "_count", {"model": model}, acc)
+            metric.add_sample(self.name + "_sum", {"model": model}, self._sums[model])
+            metric.add_sample(self.name + "_created", {"model": model}, self._created[model])
+        return metric
+
+
 class RequestMetrics:
     def __init__(self, forwarder: Forwarder) -> None:
         self._forwarder = forwarder
@@ -107,32 +149,18 @@ class RequestMetrics:
         self.in_flight = 0
         self.requests: Counter[tuple[str, str, str]] = Counter()
         """(model, code, outcome) -> requests ended so far"""
-        self.first_byte = Histogram(
+        self.first_byte = Timings(
             "llmgw_request_first_byte_seconds",
             "From a request's arrival to the first byte of a replica's answer leaving for the "
             "client (a whole answer is read before any of it leaves)",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=None,
+            LATENCY_BUCKETS_S,
         )
-        self.duration = Histogram(
+        self.duration = Timings(
             "llmgw_request_duration_seconds",
             "From a request's arrival to its answer's last byte, for requests sent to a replica "
             "(retries and failures included)",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=None,
+            LATENCY_BUCKETS_S,
         )
-        self._series: dict[tuple[Histogram, str], Histogram] = {}
-        """Each histogram's series of a model, found once (`labels` checks and locks on each
-        call); as bounded as the labels."""
-
-    def series(self, histogram: Histogram, model: str) -> Histogram:
-        key = (histogram, model)
-        found = self._series.get(key)
-        if found is None:
-            found = self._series[key] = histogram.labels(model)
-        return found
 
     def watch(self) -> RequestWatch:
         return RequestWatch(self)
@@ -149,8 +177,8 @@ class RequestMetrics:
         yield GaugeMetricFamily(
             "llmgw_requests_in_flight", "Inference requests being served", value=self.in_flight
         )
-        yield from self.first_byte.collect()
-        yield from self.duration.collect()
+        yield self.first_byte.collect()
+        yield self.duration.collect()
         f = self._forwarder
         yield CounterMetricFamily(
             "llmgw_request_retries",
@@ -202,7 +230,7 @@ class RequestWatch:
         by_replica = isinstance(response, ReplicaAnswer)
         if by_replica:
             m = self._metrics
-            m.series(m.first_byte, self.model).observe(now - self._start)
+            m.first_byte.observe(self.model, now - self._start)
         if isinstance(response, ReplicaAnswer) and response.streamed:
             self._status = response.status_code
             response.watch = self
@@ -226,7 +254,7 @@ class RequestWatch:
         m.requests[(self.model, str(status), outcome)] += 1
         m.recent.count(self.model)
         if timed:
-            m.series(m.duration, self.model).observe(now - self._start)
+            m.duration.observe(self.model, now - self._start)
 
 
 def _error_code(response: Response) -> str:
