@@ -33,9 +33,17 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+
+from llmgw_twin.service.common.lane import Lane, into_lane
 
 log = logging.getLogger("llmgw_twin.listener")
 
@@ -107,6 +115,8 @@ class GuardedHttp(HttpToolsProtocol):
     head_timeout_s: float = HEAD_TIMEOUT_MS / 1000
     max_head_bytes: int = MAX_HEAD_BYTES
     body_idle_s: float = IDLE_TIMEOUT_MS / 1000
+    lane: Lane | None = None
+    """Requests served ahead of the app, on the request's own cycle (`lane.py`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -207,6 +217,19 @@ class GuardedHttp(HttpToolsProtocol):
         self._end_body()
         self.transport.close()
 
+    # --- the lane -------------------------------------------------------------------------------
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """A request the lane takes is served by the lane's app (not over the concurrency
+        limit: that 503 is uvicorn's own, `app` then is not the server's)."""
+        lane = self.lane
+        if lane is not None and app is self.app:
+            taken = lane.take(cycle.scope)  # type: ignore[arg-type]
+            if taken is not None:
+                into_lane(cycle)
+                app = taken  # type: ignore[assignment]
+        super()._start_asgi_task(cycle, app)
+
     # --- the parser's callbacks ---------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
@@ -235,7 +258,9 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False  # a timer pending finds no head awaited (or the next one's)
-        size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+        # each header's name and value, and 4 bytes of ": " and CRLF (summed in C, no frame each)
+        size = len(self.url) + sum(map(len, chain.from_iterable(self.headers)))
+        size += 4 * len(self.headers)
         if size > self.max_head_bytes:
             self._refused = True  # answered once the parser returns (`data_received`)
             self._refusal = (431, self._too_large())
@@ -284,8 +309,9 @@ class GuardedHttp(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_for(limits: ListenLimits) -> type[GuardedHttp]:
-    """`GuardedHttp` with these bounds (uvicorn makes one protocol object per connection)."""
+def protocol_for(limits: ListenLimits, lane: Lane | None = None) -> type[GuardedHttp]:
+    """`GuardedHttp` with these bounds, and `lane` (uvicorn makes one protocol object per
+    connection)."""
     return type(
         "GuardedHttp",
         (GuardedHttp,),
@@ -293,14 +319,15 @@ def protocol_for(limits: ListenLimits) -> type[GuardedHttp]:
             "head_timeout_s": limits.head_timeout_ms / 1000,
             "max_head_bytes": limits.max_head_bytes,
             "body_idle_s": limits.idle_timeout_ms / 1000,
+            "lane": lane,
         },
     )
 
 
-def uvicorn_options(limits: ListenLimits) -> dict[str, Any]:
-    """The `uvicorn.Config` arguments that bound what clients may hold."""
+def uvicorn_options(limits: ListenLimits, lane: Lane | None = None) -> dict[str, Any]:
+    """The `uvicorn.Config` arguments that bound what clients may hold (and the `lane`)."""
     return {
-        "http": protocol_for(limits),
+        "http": protocol_for(limits, lane),
         "limit_concurrency": limits.max_connections,
         "timeout_keep_alive": max(1, limits.idle_timeout_ms // 1000),
         "h11_max_incomplete_event_size": limits.max_head_bytes,

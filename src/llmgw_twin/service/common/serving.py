@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 
+from llmgw_twin.service.common.lane import Lane
 from llmgw_twin.service.common.listener import DEFAULT_LISTEN_LIMITS, ListenLimits, uvicorn_options
 from llmgw_twin.service.common.tls import ServerTls
 
@@ -124,10 +125,12 @@ def serve(
     tls: ServerTls | None = None,
     sock: socket.socket | None = None,
     limits: ListenLimits = DEFAULT_LISTEN_LIMITS,
+    lane: Lane | None = None,
 ) -> int:
     """Serve `app`; over TLS when `tls` is given (mutual TLS when it names a client CA); on
     `sock` when given (`listen`), else on a socket bound once the app's start-up is done; with
-    the connection cap, the timeouts and the head's bound of `limits` (`listener.py`)."""
+    the connection cap, the timeouts and the head's bound of `limits` (`listener.py`); the
+    requests `lane` takes served ahead of the app (`lane.py`)."""
     options = tls.uvicorn_options() if tls is not None else {}
     config = uvicorn.Config(
         app,
@@ -137,7 +140,7 @@ def serve(
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        **uvicorn_options(limits),
+        **uvicorn_options(limits, lane),
         **options,
     )
     server = uvicorn.Server(config)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request, Security
+from fastapi import Depends, Request, Security
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -135,7 +135,7 @@ async def _as_client(request: Request, _token: Bearer) -> None:
     runtime.keys.require(request)
 
 
-def create_router_app(runtime: RouterRuntime) -> FastAPI:
+def create_router_app(runtime: RouterRuntime) -> RouterApp:
     app = RouterApp(
         title="llmgw-twin router",
         lifespan=lifespan_of(runtime),
@@ -156,7 +156,7 @@ def create_router_app(runtime: RouterRuntime) -> FastAPI:
     app.fast = FastPath(
         runtime.forwarder,
         runtime.deployed,
-        runtime.keys.require,
+        runtime.keys.require if runtime.keys.hashes else None,  # none listed: anyone
         runtime.settings.inference_body_bytes,
     )
     client = [Depends(_as_client)]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw_twin.service.common.limits import INFERENCE_PATHS, content_length
 from llmgw_twin.service.router.forwarding import Deployed, Forwarder
@@ -51,13 +51,18 @@ class FastPath:
         self,
         forwarder: Forwarder,
         deployed: Deployed,
-        check: Callable[[Request], object],
+        check: Callable[[Request], object] | None,
         limit: int,
     ) -> None:
         self.forwarder = forwarder
         self.deployed = deployed
         self.check = check
         self.limit = limit
+
+    def take(self, scope: Scope) -> ASGIApp | None:
+        """The listener's lane (`common/lane.py`): this request served by `serve`, on its own
+        cycle and with no middleware between, when `admits` it."""
+        return self.serve if self.admits(scope) else None
 
     def admits(self, scope: Scope) -> bool:
         """Whether the request is one to forward here: an inference POST whose body declares
@@ -72,6 +77,8 @@ class FastPath:
             return False
         if any(name == b"transfer-encoding" for name, _ in scope["headers"]):
             return False
+        if self.check is None:  # no key to ask for
+            return True
         try:
             self.check(Request(scope))
         except HTTPException:

@@ -36,4 +36,5 @@ def main(args: argparse.Namespace) -> int:
         args.log_level,
         settings.tls,
         limits=settings.listen_limits,
+        lane=app.fast,
     )
