@@ -29,6 +29,8 @@ log = logging.getLogger("llmgw_twin.forwarding")
 
 REPLICA_HEADER = "x-llmgw-replica"
 RETRIED_HEADER = "x-llmgw-retried"
+_REPLICA = REPLICA_HEADER.encode("latin-1")
+_RETRIED = RETRIED_HEADER.encode("latin-1")
 
 
 class Answer(Protocol):
@@ -57,10 +59,19 @@ def error_event(message: str, code: str) -> bytes:
 
 
 def tag(response: Response, replica: ReplicaId, retried: bool) -> Response:
-    response.headers[REPLICA_HEADER] = replica
+    """`response` names the replica that answered it (and that it was retried): headers
+    added to its raw list, which its `headers` view shares (the forwarding's answers carry
+    neither header before)."""
+    raw = response.raw_headers
+    raw.append((_REPLICA, replica.encode("latin-1")))
     if retried:
-        response.headers[RETRIED_HEADER] = "1"
+        raw.append((_RETRIED, b"1"))
     return response
+
+
+def tagged(response: Response) -> bool:
+    """Whether `tag` named a replica on `response`: a replica was sent the request."""
+    return any(name == _REPLICA for name, _ in response.raw_headers)
 
 
 def content_type(answer: Answer) -> dict[str, str]:
@@ -68,7 +79,18 @@ def content_type(answer: Answer) -> dict[str, str]:
 
 
 class Whole(ReplicaAnswer, Response):
-    """A replica's own answer, read whole."""
+    """A replica's own answer, read whole: its status, its content type and its body, with the
+    headers starlette's `Response` would give them (the content type, then the length where
+    the status has a body), made here at once."""
+
+    def __init__(self, body: bytes, status_code: int, content_type: str | None) -> None:
+        self.status_code = status_code
+        self.body = body
+        self.background = None
+        raw = [] if content_type is None else [(b"content-type", content_type.encode("latin-1"))]
+        if not (status_code < 200 or status_code in (204, 304)):
+            raw.append((b"content-length", str(len(body)).encode("latin-1")))
+        self.raw_headers = raw
 
 
 class Relay(ReplicaAnswer, StreamingResponse):

@@ -51,9 +51,9 @@ from llmgw_twin.service.router.answers import (
     Answer,
     Relay,
     Whole,
-    content_type,
     error_event,
     tag,
+    tagged,
 )
 from llmgw_twin.service.router.holding import Holds
 from llmgw_twin.service.router.request_metrics import RequestMetrics, RequestWatch
@@ -96,7 +96,9 @@ class Incoming(Protocol):
 class Client(Protocol):
     """A client to the replicas: `upstream.Upstream`, or `upstream_httpx.HttpxUpstream`."""
 
-    async def post(self, endpoint: str, path: str, body: bytes) -> Answer: ...
+    async def post(self, endpoint: str, path: str, body: bytes, timeout_s: float) -> Answer:
+        """The replica's answer, its head arrived within `timeout_s` (`TimeoutError`)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -223,7 +225,7 @@ class Forwarder:
         except BaseException:
             watch.gone()
             raise
-        watch.answered(answer, tried=REPLICA_HEADER in answer.headers)
+        watch.answered(answer, tried=tagged(answer))
         return answer
 
     async def _serve(
@@ -336,9 +338,14 @@ class Forwarder:
         relayed = False
         try:
             try:
-                async with asyncio.timeout(t.first_byte_ms / 1000):
-                    answer = await self._client.post(pick.route.endpoint, path, raw)
-                    first = await answer.next_chunk() or b""
+                # the first byte of the body within `first_byte_ms` of sending: the head within
+                # it (`post`), and what is left of it for the first piece (which `Upstream`
+                # hands over with the head)
+                loop = asyncio.get_running_loop()
+                first_byte_s = t.first_byte_ms / 1000
+                deadline = loop.time() + first_byte_s
+                answer = await self._client.post(pick.route.endpoint, path, raw, first_byte_s)
+                first = await answer.next_chunk(max(0.0, deadline - loop.time())) or b""
                 if stream and answer.is_success:
                     relayed = True
                     return Relay(self, pick, answer, first)
@@ -366,7 +373,7 @@ class Forwarder:
                 await answer.aclose()
         assert answer is not None
         pick.finish(ok=answer.status < 500)
-        return Whole(body, status_code=answer.status, headers=content_type(answer))
+        return Whole(body, answer.status, answer.content_type)
 
     async def _prefill(self, prefill: Route, path: str, raw: bytes) -> bytes | Response:
         """A role group's first hop: the prefill replica computes the prompt's KV cache, asked
@@ -394,7 +401,10 @@ class Forwarder:
     def _late(self, answer: Answer | None) -> str:
         t = self.timeouts
         if answer is None:
-            return f"no answer within {t.first_byte_ms} ms (connect bound {t.connect_ms} ms)"
+            return (
+                f"no answer, or no byte of its body, within {t.first_byte_ms} ms "
+                f"(connect bound {t.connect_ms} ms)"
+            )
         return f"no byte of the answer within {t.first_byte_ms} ms, or a stall of its body"
 
     async def _rest(self, answer: Answer, first: bytes) -> bytes:

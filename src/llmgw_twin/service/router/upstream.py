@@ -45,7 +45,7 @@ class UpstreamError(Exception):
 
 
 class _Address:
-    __slots__ = ("host", "host_header", "port")
+    __slots__ = ("_heads", "host", "host_header", "port")
 
     def __init__(self, endpoint: str) -> None:
         parts = urlsplit(endpoint)
@@ -54,6 +54,26 @@ class _Address:
         self.host = parts.hostname
         self.port = parts.port or 80
         self.host_header = parts.netloc.encode("ascii")
+        self._heads: dict[str, bytes] = {}
+        """path -> a request's head up to its length (the forwarding posts to a few paths)"""
+
+    def head(self, path: str, length: int) -> bytes:
+        """A POST's head to `path` here, for a JSON body of `length` bytes."""
+        start = self._heads.get(path)
+        if start is None:
+            start = b"".join(
+                (
+                    b"POST ",
+                    path.encode("ascii"),
+                    b" HTTP/1.1\r\nhost: ",
+                    self.host_header,
+                    b"\r\ncontent-type: application/json\r\naccept-encoding: identity\r\n"
+                    b"content-length: ",
+                )
+            )
+            if len(self._heads) < 64:  # the inference paths: a handful
+                self._heads[path] = start
+        return b"%b%d\r\n\r\n" % (start, length)
 
 
 class _Connection(asyncio.Protocol):
@@ -138,8 +158,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
-        self._headers_done = True
-        self._signal()
+        self._headers_done = True  # told with the body's first piece, or its end (`started`)
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -157,10 +176,17 @@ class _Connection(asyncio.Protocol):
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-    async def _wait(self, timeout_s: float | None = None) -> None:
+    async def _wait(self, timeout_s: float | None = None, deadline: float | None = None) -> None:
+        """Until `_signal`, at most `timeout_s` from now or until the loop's time `deadline`
+        (`TimeoutError`)."""
         loop = asyncio.get_running_loop()
         wake = self._wake = loop.create_future()
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, wake)
+        if timeout_s is not None:
+            timer = loop.call_later(timeout_s, _expire, wake)
+        elif deadline is not None:
+            timer = loop.call_at(deadline, _expire, wake)
+        else:
+            timer = None
         try:
             await wake
         finally:
@@ -168,19 +194,23 @@ class _Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
 
-    async def send(self, head: bytes, body: bytes) -> None:
+    async def send(self, head: bytes, body: bytes, deadline: float) -> None:
         assert self.transport is not None
         self._reset_answer()
         self._parser = httptools.HttpResponseParser(self)
         self.transport.write(head + body)
         if not self._writable.is_set():
-            await self._writable.wait()
+            async with asyncio.timeout_at(deadline):
+                await self._writable.wait()
 
-    async def headers(self) -> None:
-        while not self._headers_done:
+    async def started(self, deadline: float) -> None:
+        """Returns once the answer's head and the first piece of its body (or its end) came:
+        every caller reads that piece next, and a head alone (as a server that writes them
+        apart sends it) wakes no one."""
+        while not (self._headers_done and (self._chunks or self.complete)):
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            await self._wait(deadline=deadline)
 
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
         """What of the body arrived since the last call (waiting for some, at most `timeout_s`:
@@ -270,47 +300,42 @@ class Upstream:
             address = self._addresses[endpoint] = _Address(endpoint)
         return address
 
-    async def post(self, endpoint: str, path: str, body: bytes) -> UpstreamAnswer:
-        """Send `body` to `endpoint` + `path`; the answer once its status line and headers
-        arrived. The caller bounds the wait and closes the answer however it ends."""
+    async def post(self, endpoint: str, path: str, body: bytes, timeout_s: float) -> UpstreamAnswer:
+        """Send `body` to `endpoint` + `path`; the answer once its status line, its headers and
+        the first piece of its body (or its end) arrived, within `timeout_s` (`TimeoutError`;
+        a new connection within `connect_s` too). The caller closes the answer however it
+        ends."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
         address = self._address(endpoint)
-        head = b"".join(
-            (
-                b"POST ",
-                path.encode("ascii"),
-                b" HTTP/1.1\r\nhost: ",
-                address.host_header,
-                b"\r\ncontent-type: application/json\r\naccept-encoding: identity\r\n"
-                b"content-length: ",
-                str(len(body)).encode("ascii"),
-                b"\r\n\r\n",
-            )
-        )
+        head = address.head(path, len(body))
         key = (address.host, address.port)
         conn = self._take(key)
         if conn is not None:
             try:
-                return await self._ask(conn, head, body)
+                return await self._ask(conn, head, body, deadline)
             except UpstreamError:
                 if conn.got_bytes:
                     raise
                 # closed while idle, as the request left: once more, on a new connection
-        return await self._ask(await self._open(key), head, body)
+        return await self._ask(await self._open(key, deadline), head, body, deadline)
 
-    async def _ask(self, conn: _Connection, head: bytes, body: bytes) -> UpstreamAnswer:
-        """The request sent on `conn`, and its answer's head; `conn` closed on any failure."""
+    async def _ask(
+        self, conn: _Connection, head: bytes, body: bytes, deadline: float
+    ) -> UpstreamAnswer:
+        """The request sent on `conn`, and its answer's head (and first piece, `started`) by
+        `deadline`; `conn` closed on any failure."""
         try:
-            await conn.send(head, body)
-            await conn.headers()
+            await conn.send(head, body, deadline)
+            await conn.started(deadline)
         except BaseException:
             conn.close()
             raise
         return UpstreamAnswer(conn, self)
 
-    async def _open(self, key: tuple[str, int]) -> _Connection:
+    async def _open(self, key: tuple[str, int], deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.connect_s):
+            async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_s)):
                 _, conn = await loop.create_connection(
                     lambda: _Connection(key, self._forget), key[0], key[1]
                 )

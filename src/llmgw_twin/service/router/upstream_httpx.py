@@ -55,12 +55,14 @@ class HttpxUpstream:
             transport=transport, trust_env=False, timeout=httpx.Timeout(None, connect=connect_s)
         )
 
-    async def post(self, endpoint: str, path: str, body: bytes) -> HttpxAnswer:
+    async def post(self, endpoint: str, path: str, body: bytes, timeout_s: float) -> HttpxAnswer:
+        """The answer once its head arrived, within `timeout_s` (`TimeoutError`)."""
         try:
             request = self._client.build_request(
                 "POST", endpoint + path, content=body, headers=HEADERS
             )
-            return HttpxAnswer(await self._client.send(request, stream=True))
+            async with asyncio.timeout(timeout_s):
+                return HttpxAnswer(await self._client.send(request, stream=True))
         except httpx.TimeoutException:
             raise TimeoutError from None
         except (httpx.HTTPError, httpx.InvalidURL) as e:
