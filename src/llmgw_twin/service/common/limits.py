@@ -186,7 +186,7 @@ def content_length(scope: Scope) -> int | None:
     refuses a malformed one before the app is called."""
     lengths = []
     for name, value in scope.get("headers", ()):
-        if name.lower() == b"content-length":
+        if len(name) == 14 and name.lower() == b"content-length":  # (only such names lowered)
             try:
                 lengths.append(int(value))
             except ValueError:

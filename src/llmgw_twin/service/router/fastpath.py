@@ -75,8 +75,9 @@ class FastPath:
         declared = content_length(scope)
         if declared is None or declared > self.limit:
             return False
-        if any(name == b"transfer-encoding" for name, _ in scope["headers"]):
-            return False
+        for name, _ in scope["headers"]:
+            if name == b"transfer-encoding":
+                return False
         if self.check is None:  # no key to ask for
             return True
         try:
