@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.responses import Response
 
-from llmgw_twin.service.router.forwarding import _parse_slowly, parse_request
+from llmgw_twin.service.router.reading import _parse_slowly, parse_request
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
