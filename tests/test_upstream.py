@@ -22,6 +22,13 @@ from llmgw_twin.service.router.upstream import READ_BUFFER, Upstream, UpstreamEr
 DEADLINE_S = 10.0
 WAIT_S = 60.0
 """Each post's own bound on its answer's head: far off (the tests bound themselves)."""
+
+
+def far() -> float:
+    """A post's deadline, `WAIT_S` from now on the running loop's clock."""
+    return asyncio.get_running_loop().time() + WAIT_S
+
+
 Reader = asyncio.StreamReader
 Writer = asyncio.StreamWriter
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -111,7 +118,7 @@ def test_an_answer_ended_whole_leaves_its_connection_for_the_next_request() -> N
         async with Server(ok) as url:
             up = client()
             for _ in range(3):
-                answer = await up.post(url, "/v1/chat/completions", b'{"model": "m"}', WAIT_S)
+                answer = await up.post(url, "/v1/chat/completions", b'{"model": "m"}', far())
                 assert (answer.status, answer.content_type) == (200, "application/json")
                 assert await body_of(answer) == b"{}"
                 await answer.aclose()
@@ -127,7 +134,7 @@ def test_the_request_is_the_body_unchanged_with_its_length() -> None:
         async with server as url:
             up = client()
             answer = await up.post(
-                url, "/v1/completions", b'{"model": "m", "x": "\xc3\xa9"}', WAIT_S
+                url, "/v1/completions", b'{"model": "m", "x": "\xc3\xa9"}', far()
             )
             await body_of(answer)
             await answer.aclose()
@@ -157,11 +164,11 @@ def test_an_answer_abandoned_midway_closes_its_connection() -> None:
     async def go() -> None:
         async with Server(two_parts) as url:
             up = client()
-            answer = await up.post(url, "/p", b"{}", WAIT_S)
+            answer = await up.post(url, "/p", b"{}", far())
             assert await answer.next_chunk(DEADLINE_S) == b"ab"
             await answer.aclose()  # the rest never read: its bytes must not reach another
             release.set()
-            answer = await up.post(url, "/p", b"{}", WAIT_S)  # a new connection's answer, whole
+            answer = await up.post(url, "/p", b"{}", far())  # a new connection's answer, whole
             assert await body_of(answer) == b"abcd"
             await answer.aclose()
             assert up.opened == 2
@@ -188,7 +195,7 @@ def test_a_chunked_stream_is_handed_over_as_it_arrives() -> None:
     async def go() -> None:
         async with Server(stream) as url:
             up = client()
-            answer = await up.post(url, "/p", b"{}", WAIT_S)
+            answer = await up.post(url, "/p", b"{}", far())
             assert answer.content_type == "text/event-stream"
             # the first chunk is there while the replica has not sent the second
             assert await answer.next_chunk(DEADLINE_S) == b"data: 1"
@@ -196,7 +203,7 @@ def test_a_chunked_stream_is_handed_over_as_it_arrives() -> None:
             more.set()
             assert await body_of(answer) == b"data: 2"
             await answer.aclose()
-            answer = await up.post(url, "/p", b"{}", WAIT_S)  # kept alive after a chunked end
+            answer = await up.post(url, "/p", b"{}", far())  # kept alive after a chunked end
             more.set()
             assert await body_of(answer) == b"data: 1data: 2"
             await answer.aclose()
@@ -217,7 +224,7 @@ def test_an_answer_ended_by_its_connections_close_is_whole_and_not_kept() -> Non
         async with Server(closing) as url:
             up = client()
             for _ in range(2):
-                answer = await up.post(url, "/p", b"{}", WAIT_S)
+                answer = await up.post(url, "/p", b"{}", far())
                 assert await body_of(answer) == b"until the end"
                 await answer.aclose()
             assert up.opened == 2
@@ -237,7 +244,7 @@ def test_a_connection_the_replica_closed_while_idle_is_not_used_again() -> None:
         async with server as url:
             up = client()
             for _ in range(3):
-                answer = await up.post(url, "/p", b"{}", WAIT_S)
+                answer = await up.post(url, "/p", b"{}", far())
                 assert await body_of(answer) == b"{}"
                 await answer.aclose()
             assert server.connections == 3 and len(server.requests) == 3
@@ -262,7 +269,7 @@ def test_a_request_the_replica_dropped_unanswered_on_a_kept_connection_goes_once
         async with server as url:
             up = client()
             for _ in range(2):
-                answer = await up.post(url, "/p", b"{}", WAIT_S)
+                answer = await up.post(url, "/p", b"{}", far())
                 assert answer.status == 200 and await body_of(answer) == b"{}"
                 await answer.aclose()
             assert server.connections == 2 and len(server.requests) == 3
@@ -280,7 +287,7 @@ def test_a_request_dropped_on_a_new_connection_is_the_callers_failure() -> None:
         async with server as url:
             up = client()
             with pytest.raises(UpstreamError, match="closed the connection"):
-                await up.post(url, "/p", b"{}", WAIT_S)
+                await up.post(url, "/p", b"{}", far())
             assert server.connections == 1  # not sent again: it may have been acted on
             await up.aclose()
 
@@ -297,11 +304,11 @@ def test_a_malformed_answer_and_a_replica_not_listening_are_upstream_errors() ->
         async with Server(garbage) as url:
             up = client()
             with pytest.raises(UpstreamError, match="malformed"):
-                await up.post(url, "/p", b"{}", WAIT_S)
+                await up.post(url, "/p", b"{}", far())
         with pytest.raises(UpstreamError, match="cannot connect"):
-            await up.post(url, "/p", b"{}", WAIT_S)  # the server is closed: nothing listens there
+            await up.post(url, "/p", b"{}", far())  # the server is closed: nothing listens there
         with pytest.raises(UpstreamError, match="not an http"):
-            await up.post("https://127.0.0.1:1", "/p", b"{}", WAIT_S)
+            await up.post("https://127.0.0.1:1", "/p", b"{}", far())
         await up.aclose()
 
     run(go())
@@ -323,12 +330,12 @@ def test_a_silent_replica_times_a_read_out_and_its_connection_is_not_kept() -> N
     async def go() -> None:
         async with Server(stalls) as url:
             up = client()
-            answer = await up.post(url, "/p", b"{}", WAIT_S)
+            answer = await up.post(url, "/p", b"{}", far())
             assert await answer.next_chunk(0.05) == b"ab"
             with pytest.raises(TimeoutError):
                 await answer.next_chunk(0.05)
             await answer.aclose()
-            answer = await up.post(url, "/p", b"{}", WAIT_S)
+            answer = await up.post(url, "/p", b"{}", far())
             assert await body_of(answer) == b""
             await answer.aclose()
             assert up.opened == 2
@@ -355,14 +362,14 @@ def test_an_answer_is_handed_over_with_its_first_piece_not_its_head_alone() -> N
     async def go() -> None:
         async with Server(head_only) as url:
             up = client()
-            waiting = asyncio.ensure_future(up.post(url, "/p", b"{}", WAIT_S))
+            waiting = asyncio.ensure_future(up.post(url, "/p", b"{}", far()))
             await head_sent.wait()
             done, _ = await asyncio.wait({waiting}, timeout=0.5)
             assert not done
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            answer = await up.post(url, "/p", b"{}", WAIT_S)
+            answer = await up.post(url, "/p", b"{}", far())
             assert answer.status == 200
             assert await body_of(answer) == b"abc"
             await answer.aclose()
@@ -376,13 +383,13 @@ def test_idle_connections_are_bounded_over_all_replicas() -> None:
     async def go() -> None:
         async with Server(ok) as url:
             up = client(keep_idle=1)
-            answers = [await up.post(url, "/p", b"{}", WAIT_S) for _ in range(3)]
+            answers = [await up.post(url, "/p", b"{}", far()) for _ in range(3)]
             assert up.opened == 3
             for a in answers:
                 await body_of(a)
                 await a.aclose()
             for _ in range(2):  # one of the three was kept; the next two share it
-                a = await up.post(url, "/p", b"{}", WAIT_S)
+                a = await up.post(url, "/p", b"{}", far())
                 await body_of(a)
                 await a.aclose()
             assert up.opened == 3
@@ -405,7 +412,7 @@ def test_reading_pauses_while_the_caller_takes_nothing() -> None:
     async def go() -> None:
         async with Server(big) as url:
             up = client()
-            answer = await up.post(url, "/p", b"{}", WAIT_S)
+            answer = await up.post(url, "/p", b"{}", far())
             conn = answer._conn
             async with asyncio.timeout(DEADLINE_S):
                 while not conn._paused:

@@ -97,8 +97,9 @@ class Incoming(Protocol):
 class Client(Protocol):
     """A client to the replicas: `upstream.Upstream`, or `upstream_httpx.HttpxUpstream`."""
 
-    async def post(self, endpoint: str, path: str, body: bytes, timeout_s: float) -> Answer:
-        """The replica's answer, its head arrived within `timeout_s` (`TimeoutError`)."""
+    async def post(self, endpoint: str, path: str, body: bytes, deadline: float) -> Answer:
+        """The replica's answer, its head arrived by the running loop's time `deadline`
+        (`TimeoutError`)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -321,9 +322,8 @@ class Forwarder:
                 # it (`post`), and what is left of it for the first piece (which `Upstream`
                 # hands over with the head)
                 loop = asyncio.get_running_loop()
-                first_byte_s = t.first_byte_ms / 1000
-                deadline = loop.time() + first_byte_s
-                answer = await self._client.post(pick.route.endpoint, path, raw, first_byte_s)
+                deadline = loop.time() + t.first_byte_ms / 1000
+                answer = await self._client.post(pick.route.endpoint, path, raw, deadline)
                 first = await answer.next_chunk(max(0.0, deadline - loop.time())) or b""
                 if stream and answer.is_success:
                     relayed = True

@@ -176,17 +176,11 @@ class _Connection(asyncio.Protocol):
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-    async def _wait(self, timeout_s: float | None = None, deadline: float | None = None) -> None:
-        """Until `_signal`, at most `timeout_s` from now or until the loop's time `deadline`
-        (`TimeoutError`)."""
+    async def _wait(self, deadline: float | None = None) -> None:
+        """Until `_signal`, at most until the loop's time `deadline` (`TimeoutError`)."""
         loop = asyncio.get_running_loop()
         wake = self._wake = loop.create_future()
-        if timeout_s is not None:
-            timer = loop.call_later(timeout_s, _expire, wake)
-        elif deadline is not None:
-            timer = loop.call_at(deadline, _expire, wake)
-        else:
-            timer = None
+        timer = None if deadline is None else loop.call_at(deadline, _expire, wake)
         try:
             await wake
         finally:
@@ -210,7 +204,7 @@ class _Connection(asyncio.Protocol):
         while not (self._headers_done and (self._chunks or self.complete)):
             if self._error is not None:
                 raise self._error
-            await self._wait(deadline=deadline)
+            await self._wait(deadline)
 
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
         """What of the body arrived since the last call (waiting for some, at most `timeout_s`:
@@ -220,7 +214,8 @@ class _Connection(asyncio.Protocol):
                 return None
             if self._error is not None:
                 raise self._error
-            await self._wait(timeout_s)
+            loop = asyncio.get_running_loop()
+            await self._wait(None if timeout_s is None else loop.time() + timeout_s)
         chunks = self._chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()  # the same list: the parser's `on_body` appends to it
@@ -300,12 +295,11 @@ class Upstream:
             address = self._addresses[endpoint] = _Address(endpoint)
         return address
 
-    async def post(self, endpoint: str, path: str, body: bytes, timeout_s: float) -> UpstreamAnswer:
+    async def post(self, endpoint: str, path: str, body: bytes, deadline: float) -> UpstreamAnswer:
         """Send `body` to `endpoint` + `path`; the answer once its status line, its headers and
-        the first piece of its body (or its end) arrived, within `timeout_s` (`TimeoutError`;
-        a new connection within `connect_s` too). The caller closes the answer however it
-        ends."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        the first piece of its body (or its end) arrived, by the running loop's time `deadline`
+        (`TimeoutError`; a new connection within `connect_s` too). The caller closes the answer
+        however it ends."""
         address = self._address(endpoint)
         head = address.head(path, len(body))
         key = (address.host, address.port)

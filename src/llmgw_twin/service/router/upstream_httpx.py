@@ -55,13 +55,14 @@ class HttpxUpstream:
             transport=transport, trust_env=False, timeout=httpx.Timeout(None, connect=connect_s)
         )
 
-    async def post(self, endpoint: str, path: str, body: bytes, timeout_s: float) -> HttpxAnswer:
-        """The answer once its head arrived, within `timeout_s` (`TimeoutError`)."""
+    async def post(self, endpoint: str, path: str, body: bytes, deadline: float) -> HttpxAnswer:
+        """The answer once its head arrived, by the running loop's time `deadline`
+        (`TimeoutError`)."""
         try:
             request = self._client.build_request(
                 "POST", endpoint + path, content=body, headers=HEADERS
             )
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout_at(deadline):
                 return HttpxAnswer(await self._client.send(request, stream=True))
         except httpx.TimeoutException:
             raise TimeoutError from None
